@@ -1,0 +1,34 @@
+"""layerscope: see inside every layer of a PyTorch model while it trains.
+
+Example:
+    >>> import torch, layerscope
+    >>> model = torch.nn.Linear(4, 2)
+    >>> with layerscope.watch(model, every=1) as scope:
+    ...     model(torch.randn(8, 4)).sum().backward()
+    ...     scope.step()
+    >>> scope.frame()[["step", "module", "kind", "tensor"]].head(3)
+       step module         kind  tensor
+    0     0          activation     out
+    1     0                grad     out
+    2     0         weight_grad  weight
+"""
+
+from layerscope import stats
+from layerscope._errors import LayerscopeWarning
+from layerscope._kinds import Kind
+from layerscope._modules import CallEvent, ModuleInfo
+from layerscope._schedule import Schedule
+from layerscope._watch import Scope, watch
+
+__all__ = [
+    "CallEvent",
+    "Kind",
+    "LayerscopeWarning",
+    "ModuleInfo",
+    "Schedule",
+    "Scope",
+    "__version__",
+    "stats",
+    "watch",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,72 @@
+"""The validated configuration of a watch, built from ``watch()``'s arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from layerscope._kinds import Kind, parse_capture
+from layerscope._schedule import Schedule, parse_every
+from layerscope._select import Selection, check_types, compile_patterns
+from layerscope.stats import HistogramSpec, StatSelection, parse_histogram, parse_stats
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WatchConfig:
+    """What to record, of which modules, and when."""
+
+    schedule: Schedule
+    kinds: frozenset[Kind]
+    selection: Selection
+    stats: StatSelection
+    histogram: HistogramSpec | None
+
+    @classmethod
+    def from_arguments(
+        cls,
+        *,
+        has_optimizer: bool,
+        every: object,
+        capture: object,
+        include: object,
+        exclude: object,
+        types: object,
+        stats: object,
+        histogram: object,
+    ) -> WatchConfig:
+        """Validate ``watch()``'s arguments; errors name the argument and what was expected."""
+        parsed_stats = parse_stats(stats)
+        spec = parse_histogram(histogram)
+        return cls(
+            schedule=parse_every(every),
+            kinds=parse_capture(capture, has_optimizer),
+            selection=Selection(
+                include=compile_patterns(include, "include"),
+                exclude=compile_patterns(exclude, "exclude"),
+                types=check_types(types),
+            ),
+            stats=parsed_stats,
+            histogram=spec if "hist" in parsed_stats.builtin else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, saved with the run."""
+        return {
+            "every": self.schedule.to_dict(),
+            "capture": sorted(kind.value for kind in self.kinds),
+            "include": [pattern.pattern for pattern in self.selection.include],
+            "exclude": [pattern.pattern for pattern in self.selection.exclude],
+            "types": [cls.__name__ for cls in self.selection.types or ()],
+            "stats": list(self.stats.builtin),
+            "custom_stats": sorted(self.stats.custom),
+            "histogram": repr(self.histogram),
+        }
+
+
+def check_model(model: object) -> nn.Module:
+    """``model``: any ``nn.Module``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    return model

@@ -1,0 +1,116 @@
+"""Which modules to watch: names, regexes, types, and the unwrapping of wrapped models."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+# Pure containers: their output is a child's output, or they have no forward at all.
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+# Name segments that wrappers insert; they are dropped from the names a person sees.
+_WRAPPER_SEGMENTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module a person thinks of: inside DDP, DataParallel and ``torch.compile``."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if isinstance(inner, nn.Module):
+            model = inner
+            continue
+        wrapped = getattr(model, "module", None)
+        if isinstance(wrapped, nn.Module) and type(model).__name__ in (
+            "DistributedDataParallel",
+            "DataParallel",
+        ):
+            model = wrapped
+            continue
+        return model
+
+
+def clean_name(name: str) -> str:
+    """``named_modules()`` name without the segments wrappers insert."""
+    if not any(segment in name for segment in _WRAPPER_SEGMENTS):
+        return name
+    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
+
+
+def compile_patterns(value: object, argument: str) -> tuple[re.Pattern[str], ...]:
+    """``include`` / ``exclude``: a regex string, a compiled pattern, a list of them, or None."""
+    if value is None:
+        return ()
+    items: Sequence[object] = [value] if isinstance(value, str | re.Pattern) else value  # type: ignore[assignment]  # checked below
+    if not isinstance(items, Sequence):
+        raise TypeError(f"{argument}: expected a regex string or a list of them, got {value!r}")
+    patterns = []
+    for item in items:
+        if isinstance(item, re.Pattern):
+            patterns.append(item)
+        elif isinstance(item, str):
+            try:
+                patterns.append(re.compile(item))
+            except re.error as error:
+                raise ValueError(f"{argument}: invalid regex {item!r}: {error}") from None
+        else:
+            raise TypeError(f"{argument}: expected a regex string, got {item!r}")
+    return tuple(patterns)
+
+
+def check_types(types: object) -> tuple[type[nn.Module], ...] | None:
+    """``types``: a module class or a tuple of them, or None."""
+    if types is None:
+        return None
+    classes = (types,) if isinstance(types, type) else types
+    if not isinstance(classes, tuple | list) or not classes:
+        raise TypeError(f"types: expected a tuple of nn.Module subclasses, got {types!r}")
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise TypeError(f"types: expected nn.Module subclasses, got {cls!r}")
+    return tuple(classes)
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The rule that picks modules; see ``select``."""
+
+    include: tuple[re.Pattern[str], ...] = ()
+    exclude: tuple[re.Pattern[str], ...] = ()
+    types: tuple[type[nn.Module], ...] | None = None
+
+    def picks(self, name: str, module: nn.Module) -> bool:
+        """Whether the module called ``name`` is watched."""
+        if any(pattern.search(name) for pattern in self.exclude):
+            return False
+        is_container = isinstance(module, _CONTAINERS)
+        if self.include:
+            # A container's output repeats a child's: only a pattern naming it whole picks it.
+            if is_container:
+                matched = any(pattern.fullmatch(name) for pattern in self.include)
+            else:
+                matched = any(pattern.search(name) for pattern in self.include)
+            if not matched:
+                return False
+        if self.types is not None:
+            return isinstance(module, self.types)
+        if self.include and is_container:
+            return True
+        owns_parameters = next(module.parameters(recurse=False), None) is not None
+        has_children = next(module.children(), None) is not None
+        return not is_container and (owns_parameters or not has_children)
+
+
+def select(model: nn.Module, selection: Selection) -> Iterator[tuple[str, nn.Module]]:
+    """Watched modules of ``model`` in ``named_modules()`` order, with clean names.
+
+    By default every module that owns parameters or has no children; pure containers
+    (Sequential, ModuleList, ModuleDict) only when an ``include`` pattern matches their whole
+    name. ``include`` / ``exclude`` are searched (``re.search``) in qualified names; ``types``
+    keeps only modules of those classes.
+    """
+    for raw_name, module in model.named_modules():
+        name = clean_name(raw_name)
+        if selection.picks(name, module):
+            yield name, module

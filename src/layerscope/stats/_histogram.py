@@ -1,0 +1,92 @@
+"""Histogram specifications: the range-free log2-magnitude histogram and a linear one.
+
+The log2 histogram bins each value by the exponent of its float32 representation, read from the
+bits, so it needs no range, counts exactly (int64), and lines up across layers, steps and ranks:
+
+- bin 0: zeros and float32 subnormals (|x| < 2**-126)
+- bin k, 1 <= k <= 254: 2**(k-127) <= |x| < 2**(k-126)
+- bin 255: +-inf and NaN
+
+bf16 shares float32's exponent, so its dynamic range reads off the same bins directly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+LOG2_BINS = 256
+LOG2_EXPONENT_BIAS = 127
+
+
+@dataclass(frozen=True, slots=True)
+class LinearHistogram:
+    """Evenly spaced bins over ``[lo, hi)`` plus an underflow and an overflow bin.
+
+    Slot 0 counts values below ``lo`` (-inf included), slots 1..bins the bins, the last slot
+    values at or above ``hi`` (+inf included). NaN is counted in ``nan_count`` only.
+    """
+
+    lo: float
+    hi: float
+    bins: int
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi) and self.lo < self.hi):
+            raise ValueError(
+                f"histogram: expected ('linear', lo, hi, bins) with finite lo < hi, "
+                f"got lo={self.lo!r}, hi={self.hi!r}"
+            )
+        if self.bins < 1:
+            raise ValueError(f"histogram: bins must be >= 1, got {self.bins!r}")
+
+    @property
+    def slots(self) -> int:
+        """Length of a histogram row: the bins plus underflow and overflow."""
+        return self.bins + 2
+
+
+class Log2Histogram:
+    """The range-free log2-magnitude histogram (see the module docstring)."""
+
+    slots = LOG2_BINS
+
+    def __repr__(self) -> str:
+        return "Log2Histogram()"
+
+
+HistogramSpec = Log2Histogram | LinearHistogram
+
+
+def log2_bin_edges() -> list[float]:
+    """Lower magnitude edge of each log2 bin; bin 0 starts at 0 and bin 255 is non-finite.
+
+    Example:
+        >>> edges = log2_bin_edges()
+        >>> edges[127], edges[128]
+        (1.0, 2.0)
+    """
+    edges = [0.0]
+    edges += [2.0 ** (k - LOG2_EXPONENT_BIAS) for k in range(1, LOG2_BINS - 1)]
+    edges.append(math.inf)
+    return edges
+
+
+def parse_histogram(histogram: object) -> HistogramSpec | None:
+    """Turn the ``histogram=`` argument of ``watch`` into a spec, or raise a clear error."""
+    if histogram is None:
+        return None
+    if histogram == "log2":
+        return Log2Histogram()
+    if (
+        isinstance(histogram, tuple)
+        and len(histogram) == 4
+        and histogram[0] == "linear"
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in histogram[1:])
+        and float(histogram[3]).is_integer()
+    ):
+        _, lo, hi, bins = histogram
+        return LinearHistogram(float(lo), float(hi), int(bins))
+    raise ValueError(
+        f"histogram: expected 'log2', ('linear', lo, hi, bins) or None, got {histogram!r}"
+    )

@@ -1,0 +1,165 @@
+"""Partials of one tensor, computed on the tensor's own device with no host sync.
+
+Every function here takes a tensor and returns device tensors; none reads a value back. Branches
+depend only on dtype and numel, which are metadata, never on data.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from layerscope.stats._histogram import HistogramSpec, LinearHistogram
+from layerscope.stats._layout import WIDTH, Field
+
+_INF = float("inf")
+
+
+def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor, Tensor | None]:
+    """Mergeable partials of ``x``: a float64 row of ``WIDTH`` fields and an int64 histogram.
+
+    Floating tensors are reduced in float32 (float64 stays float64) with NaN and Inf masked out
+    of mean, M2, min and max and counted apart. Integer, boolean and complex tensors get counts
+    only: numel, zeros and signs; their moments stay empty and they have no histogram.
+
+    Args:
+        x: any tensor; it is read, never modified.
+        histogram: which histogram to count, or None for none.
+
+    Returns:
+        ``(row, hist)``: ``row`` has shape ``(WIDTH,)`` and dtype float64, ``hist`` has shape
+        ``(histogram.slots,)`` and dtype int64, or is None.
+
+    Example:
+        >>> from layerscope.stats import Field, Log2Histogram
+        >>> row, hist = tensor_partials(torch.tensor([1.0, -2.0, float("nan")]), Log2Histogram())
+        >>> row[Field.COUNT].item(), row[Field.MEAN].item(), row[Field.NAN].item()
+        (2.0, -0.5, 1.0)
+    """
+    with torch.no_grad():
+        flat = x.detach().reshape(-1)
+        if not flat.is_floating_point():
+            return _count_partials(flat), None
+        if flat.dtype != torch.float64:
+            flat = flat.float()
+        if flat.numel() == 0:
+            return _empty_partials(flat.device), _empty_histogram(histogram, flat.device)
+        row = _float_partials(flat)
+        hist = _histogram(flat, histogram) if histogram is not None else None
+        return row, hist
+
+
+def _float_partials(x: Tensor) -> Tensor:
+    """Partials of a non-empty 1-D float32 or float64 tensor."""
+    numel = x.numel()
+    finite = torch.isfinite(x)
+    count = torch.count_nonzero(finite)
+    nan = torch.count_nonzero(torch.isnan(x))
+    lo = torch.where(finite, x, _INF).amin()
+    hi = torch.where(finite, x, -_INF).amax()
+
+    # Scale by a power of two so that squares neither overflow (|x| > 1.8e19 in float32) nor
+    # underflow (|x| < 1e-19); the scaling is exact and undone in float64 below.
+    absmax = torch.maximum(lo.abs(), hi.abs())
+    absmax = torch.where(count > 0, absmax, 0.0)
+    _, exponent = torch.frexp(absmax)
+    inv_scale = torch.pow(2.0, -exponent.to(x.dtype))
+    scaled = torch.where(finite, x * inv_scale, 0.0)
+    count_f = count.to(x.dtype)
+    mean_scaled = scaled.sum() / count_f.clamp(min=1.0)
+    # Corrected two-pass sum of squares: the second term removes the error of the first mean.
+    deviation = torch.where(finite, scaled - mean_scaled, 0.0)
+    dev_sum = deviation.sum()
+    m2_scaled = (deviation * deviation).sum() - dev_sum * dev_sum / count_f.clamp(min=1.0)
+
+    scale = torch.pow(2.0, exponent.to(torch.float64))
+    zeros = numel - torch.count_nonzero(x)
+    neg = torch.count_nonzero(x < 0)
+    pos = torch.count_nonzero(x > 0)
+    fields = [
+        torch.tensor(float(numel), dtype=torch.float64, device=x.device),
+        count,
+        # Corrected mean, summed in float64: float32's ulp at 1e4 is 1e-3.
+        (mean_scaled.double() + dev_sum.double() / count_f.clamp(min=1.0).double()) * scale,
+        m2_scaled.clamp(min=0.0).to(torch.float64) * scale * scale,
+        lo,
+        hi,
+        zeros,
+        nan,
+        numel - count - nan,
+        neg,
+        pos,
+    ]
+    return torch.stack([f.to(torch.float64) for f in fields])
+
+
+def _count_partials(x: Tensor) -> Tensor:
+    """Counts of a non-floating tensor: numel, zeros and signs; no moments."""
+    row = _empty_partials(x.device)
+    numel = x.numel()
+    row[Field.NUMEL] = numel
+    if numel == 0:
+        return row
+    nonzero = torch.count_nonzero(x)
+    row[Field.ZEROS] = numel - nonzero
+    if x.dtype == torch.bool or x.is_complex():  # no sign: every nonzero counts as positive
+        row[Field.POS] = nonzero
+    else:
+        neg = torch.count_nonzero(x < 0)
+        row[Field.NEG] = neg
+        row[Field.POS] = nonzero - neg
+    return row
+
+
+def _empty_partials(device: torch.device) -> Tensor:
+    row = torch.zeros(WIDTH, dtype=torch.float64, device=device)
+    row[Field.MIN] = _INF
+    row[Field.MAX] = -_INF
+    return row
+
+
+def _empty_histogram(histogram: HistogramSpec | None, device: torch.device) -> Tensor | None:
+    if histogram is None:
+        return None
+    return torch.zeros(histogram.slots, dtype=torch.int64, device=device)
+
+
+def _histogram(x: Tensor, histogram: HistogramSpec) -> Tensor:
+    if isinstance(histogram, LinearHistogram):
+        index = _linear_bin_index(x, histogram)
+    else:
+        index = _log2_bin_index(x)
+    return _count_bins(index, histogram.slots)
+
+
+def _log2_bin_index(x: Tensor) -> Tensor:
+    """Biased float32 exponent of each value: 0 zero/subnormal, 255 non-finite."""
+    if x.dtype == torch.float64:
+        # Rebias the float64 exponent onto float32's bins; finite values beyond float32's range
+        # land in the outermost finite bins rather than among the non-finite.
+        exponent = (x.view(torch.int64) >> 52) & 0x7FF
+        index = (exponent - (1023 - 127)).clamp(0, 254)
+        return torch.where(torch.isfinite(x), index, 255)
+    return ((x.view(torch.int32) >> 23) & 0xFF).long()
+
+
+def _linear_bin_index(x: Tensor, spec: LinearHistogram) -> Tensor:
+    """Slot of each value: 0 underflow, 1..bins, bins+1 overflow, bins+2 NaN (dropped)."""
+    width = (spec.hi - spec.lo) / spec.bins
+    position = torch.floor((x - spec.lo) / width)
+    # NaN compares false everywhere: park it past the overflow slot, then drop that slot.
+    position = torch.where(torch.isnan(x), float(spec.bins + 1), position.clamp(-1.0, spec.bins))
+    return (position + 1).long()
+
+
+def _count_bins(index: Tensor, slots: int) -> Tensor:
+    """Exact int64 counts of each slot; one extra slot takes what is to be dropped."""
+    size = slots + 1
+    if index.device.type == "cpu":
+        # On CPU bincount is ~2x faster than index_add_ and has no device to sync with.
+        counts = torch.bincount(index, minlength=size)
+    else:
+        # On CUDA bincount reads min and max back to the host; index_add_ does not.
+        counts = torch.zeros(size, dtype=torch.int64, device=index.device)
+        counts.index_add_(0, index, torch.ones_like(index))
+    return counts[:slots]
