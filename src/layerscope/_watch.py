@@ -280,6 +280,8 @@ class Scope:
 
     def _on_root_exit(self, module: nn.Module, args: Any, output: Any) -> None:
         self._root_depth = max(0, self._root_depth - 1)
+        if self._root_depth == 0 and self._calls and self._calls_open:
+            self._calls_open = False  # one forward pass is the call order; hooks go at step end
 
     def _on_enter(self, target: _Target, module: nn.Module, args: Any, kwargs: Any) -> None:
         if not self._recording or in_backward():
@@ -368,7 +370,8 @@ class Scope:
     ) -> tuple[Any, Any] | None:
         if not self._recording or self._closed:
             return None
-        closure = kwargs.get("closure", args[0] if args else None)
+        # args[0] is the optimizer itself; the closure follows it or comes by keyword.
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         self._snapshot_for_update()
         if closure is None:
             self._read_owned(Kind.WEIGHT_GRAD)
@@ -382,7 +385,7 @@ class Scope:
 
         if "closure" in kwargs:
             return args, {**kwargs, "closure": closure_then_read}
-        return (closure_then_read, *args[1:]), kwargs
+        return (args[0], closure_then_read, *args[2:]), kwargs
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._closed:
@@ -489,6 +492,7 @@ class Scope:
             self._flush()
         if self._calls_step == self._step:
             self._calls_open = False
+        if not self._calls_open:
             self._call_order_hooks.remove()
         self._step += 1
         self._recording = self._schedule.records(self._step)

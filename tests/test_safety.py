@@ -1,0 +1,236 @@
+"""What watching must never do: change training, sync with the host, leak, or raise."""
+
+import copy
+import gc
+import warnings
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope
+from layerscope import LayerscopeWarning
+
+ALL_KINDS = ("activation", "input", "grad", "weight", "weight_grad", "update", "buffer")
+
+
+def _net():
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(inplace=True),
+        nn.Dropout(0.2),
+        nn.Flatten(),
+        nn.Linear(4 * 8 * 8, 10),
+    )
+
+
+def _train(model, optimizer, steps, scope=None, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # dropout draws from the global generator
+    for _ in range(steps):
+        x = torch.randn(16, 1, 8, 8, generator=generator)
+        y = torch.randint(0, 10, (16,), generator=generator)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if scope is not None:
+            scope.step(loss=loss)
+
+
+def _hook_count(model, optimizer=None):
+    count = 0
+    for module in model.modules():
+        count += len(module._forward_hooks) + len(module._forward_pre_hooks)
+        count += len(module._backward_hooks) + len(module._backward_pre_hooks)
+        for param in module.parameters(recurse=False):
+            count += len(getattr(param, "_post_accumulate_grad_hooks", None) or {})
+            count += len(param._backward_hooks or {})
+    if optimizer is not None:
+        count += len(optimizer._optimizer_step_pre_hooks)
+        count += len(optimizer._optimizer_step_post_hooks)
+    return count
+
+
+@pytest.mark.parametrize("with_optimizer", [True, False])
+def test_training_is_bit_identical_with_and_without_watch(with_optimizer):
+    reference = _net()
+    watched = copy.deepcopy(reference)
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(watched.parameters(), lr=1e-2)
+    _train(reference, ref_opt, steps=5)
+
+    kinds = ALL_KINDS if with_optimizer else tuple(k for k in ALL_KINDS if k != "update")
+    scope = layerscope.watch(
+        watched, optimizer=opt if with_optimizer else None, every=1, capture=kinds
+    )
+    with scope:
+        _train(watched, opt, steps=5, scope=None if with_optimizer else scope)
+
+    assert len(scope.frame()) > 0
+    assert scope.failures == 0
+    for (name, a), (_, b) in zip(
+        reference.state_dict().items(), watched.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
+
+
+def test_no_hook_is_left_after_close_or_with_or_error():
+    model = _net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = _hook_count(model, optimizer)
+
+    scope = layerscope.watch(model, optimizer=optimizer, every=1, capture=ALL_KINDS)
+    assert _hook_count(model, optimizer) > before
+    _train(model, optimizer, steps=2)
+    scope.close()
+    assert _hook_count(model, optimizer) == before
+
+    with layerscope.watch(model, every=1, capture=ALL_KINDS[:5]):
+        _train(model, optimizer, steps=1)
+    assert _hook_count(model, optimizer) == before
+
+    with pytest.raises(KeyError), layerscope.watch(model, every=1):
+        raise KeyError("user error inside the with")
+    assert _hook_count(model, optimizer) == before
+
+
+def test_no_hook_is_left_on_parameters_for_weight_grads():
+    model = nn.Linear(3, 3)
+    with layerscope.watch(model, capture=("weight_grad",), every=1) as scope:
+        assert len(model.weight._post_accumulate_grad_hooks) == 1
+        model(torch.randn(2, 3)).sum().backward()
+        scope.step()
+    assert not model.weight._post_accumulate_grad_hooks
+
+
+def _live_tensors():
+    gc.collect()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # isinstance on deprecated lazy objects warns
+        return sum(1 for obj in gc.get_objects() if isinstance(obj, torch.Tensor))
+
+
+def test_memory_and_live_tensors_flat_over_200_attach_detach_cycles():
+    model = _net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 1, 8, 8)
+
+    def cycle():
+        with layerscope.watch(model, optimizer=optimizer, every=1, capture=ALL_KINDS) as scope:
+            model(x).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return scope
+
+    for _ in range(5):  # warm caches (allocator, dispatcher) before counting
+        cycle()
+    baseline = _live_tensors()
+    scopes = weakref.WeakSet()
+    for _ in range(200):
+        scopes.add(cycle())
+    gc.collect()
+    assert _live_tensors() <= baseline
+    assert len(scopes) == 0, "a closed scope is kept alive by something"
+
+
+def test_nothing_holds_an_activation_alive():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    seen = []
+    model[0].register_forward_hook(lambda m, a, out: seen.append(weakref.ref(out)))
+    with layerscope.watch(model, every=1, capture=ALL_KINDS[:5]) as scope:
+        out = model(torch.randn(4, 8))
+        out.sum().backward()
+        del out
+        gc.collect()
+        assert seen[0]() is None, "the scope keeps a forward output alive"
+        scope.step()
+        assert len(scope.frame()) > 0
+
+
+def test_hot_path_never_reads_back_to_host(monkeypatch):
+    model = _net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    custom = {"rms": lambda t: t.float().pow(2).mean().sqrt()}
+    scope = layerscope.watch(
+        model, optimizer=optimizer, every=1, capture=ALL_KINDS, stats=[*layerscope.stats.BUILTIN_STATS, custom]
+    )
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("host sync in the hot path")
+
+    with scope:
+        for _ in range(2):
+            with monkeypatch.context() as patched:
+                for name in ("item", "tolist", "__bool__"):
+                    patched.setattr(torch.Tensor, name, forbidden)
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert scope.failures == 0
+    frame = scope.frame()
+    assert set(frame.kind) == set(ALL_KINDS)
+    assert frame.rms.notna().any()
+
+
+def test_a_monitoring_failure_warns_once_counts_and_training_goes_on(monkeypatch):
+    from layerscope import _watch
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(_watch, "tensor_partials", broken)
+    model = _net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    reference = copy.deepcopy(model)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with layerscope.watch(model, every=1, capture=ALL_KINDS[:5]) as scope:
+            _train(model, optimizer, steps=3, scope=scope)
+    _train(reference, ref_opt, steps=3)
+    ours = [w for w in caught if issubclass(w.category, LayerscopeWarning)]
+    assert len(ours) == 1
+    assert "kernel exploded" in str(ours[0].message)
+    assert scope.failures > 3
+    for a, b in zip(reference.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_failing_custom_stat_is_skipped_and_the_rest_recorded():
+    def bad(tensor):
+        raise ValueError("nope")
+
+    model = nn.Linear(4, 4)
+    with pytest.warns(LayerscopeWarning, match="custom statistic 'bad'"):
+        with layerscope.watch(model, every=1, stats={"bad": bad}) as scope:
+            model(torch.randn(2, 4)).sum().backward()
+            scope.step()
+    frame = scope.frame()
+    assert frame["bad"].isna().all()
+    assert frame["mean"].notna().all()
+
+
+@pytest.mark.cuda
+def test_cuda_hot_path_has_no_sync():
+    model = _net().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 1, 8, 8, device="cuda"), torch.randint(0, 10, (8,), device="cuda")
+    with layerscope.watch(model, optimizer=optimizer, every=1, capture=ALL_KINDS) as scope:
+        for _ in range(3):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            optimizer.step()
+            optimizer.zero_grad()
+            scope.step(loss=loss)
+    assert scope.failures == 0
+    frame = scope.frame()
+    assert len(frame.query("kind == 'grad'")) > 0
