@@ -5,7 +5,7 @@ import torch
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     torch.manual_seed(0)
-    yield
+    return
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,8 +10,13 @@ import layerscope
 
 def _stats64(tensor):
     values = tensor.detach().double().reshape(-1).numpy()
-    return {"mean": values.mean(), "std": values.std(ddof=1), "min": values.min(),
-            "max": values.max(), "l2": np.linalg.norm(values)}
+    return {
+        "mean": values.mean(),
+        "std": values.std(ddof=1),
+        "min": values.min(),
+        "max": values.max(),
+        "l2": np.linalg.norm(values),
+    }
 
 
 def _assert_row(frame, module, kind, tensor, expected, step=None):
@@ -35,8 +40,9 @@ def test_optimizer_ends_steps_and_reads_grads_before_and_weights_after():
         seen["before"] = model.weight.detach().clone()
 
     optimizer.register_step_pre_hook(before)
-    scope = layerscope.watch(model, optimizer=optimizer, every=1,
-                             capture=("weight", "weight_grad", "update"))
+    scope = layerscope.watch(
+        model, optimizer=optimizer, every=1, capture=("weight", "weight_grad", "update")
+    )
     optimizer.register_step_post_hook(lambda *a: seen.update(after=model.weight.detach().clone()))
     with scope:
         for step in range(3):
@@ -47,8 +53,9 @@ def test_optimizer_ends_steps_and_reads_grads_before_and_weights_after():
             frame = scope.frame()
             _assert_row(frame, "", "weight_grad", "weight", _stats64(seen["grad"]), step)
             _assert_row(frame, "", "weight", "weight", _stats64(seen["after"]), step)
-            _assert_row(frame, "", "update", "weight",
-                        _stats64(seen["after"] - seen["before"]), step)
+            _assert_row(
+                frame, "", "update", "weight", _stats64(seen["after"] - seen["before"]), step
+            )
     assert scope.current_step == 3
     scalars = scope.frame("scalars")
     assert scalars.values.tolist() == [[0, "loss", 0.0], [1, "loss", 1.0], [2, "loss", 2.0]]
@@ -81,8 +88,9 @@ def test_closure_optimizers_read_grads_after_the_closure():
         last["grad"] = model.weight.grad.clone()
         return loss
 
-    with layerscope.watch(model, optimizer=optimizer, every=1,
-                          capture=("weight_grad", "activation")) as scope:
+    with layerscope.watch(
+        model, optimizer=optimizer, every=1, capture=("weight_grad", "activation")
+    ) as scope:
         optimizer.step(closure)
     frame = scope.frame()
     _assert_row(frame, "", "weight_grad", "weight", _stats64(last["grad"]))

@@ -126,7 +126,8 @@ def test_module_tree_has_types_shapes_counts_and_children():
     assert tree["0"].type == "Linear"
     assert tree["0"].parameters == {"weight": (8, 4), "bias": (8,)}
     assert tree["0"].num_parameters == 40
-    assert tree["1"].watched and not tree[""].watched
+    assert tree["1"].watched
+    assert not tree[""].watched
     assert tree["2"].to_dict()["parameters"] == {"weight": [2, 8], "bias": [2]}
 
 
@@ -150,9 +151,12 @@ def test_calls_hold_the_enter_exit_order_of_one_forward_pass():
         scope.step()
     events = [(c.event, c.module, c.call) for c in scope.calls]
     assert events == [
-        ("enter", "a", 0), ("exit", "a", 0),
-        ("enter", "b", 0), ("exit", "b", 0),
-        ("enter", "a", 1), ("exit", "a", 1),
+        ("enter", "a", 0),
+        ("exit", "a", 0),
+        ("enter", "b", 0),
+        ("exit", "b", 0),
+        ("enter", "a", 1),
+        ("exit", "a", 1),
     ]
     assert [c.seq for c in scope.calls] == list(range(6))
     assert list(scope.frame("calls").columns) == ["seq", "event", "module", "call"]
@@ -160,21 +164,41 @@ def test_calls_hold_the_enter_exit_order_of_one_forward_pass():
 
 def test_frame_has_the_contract_columns_and_custom_ones():
     model = _mlp()
-    stats = ["mean", "hist", {"top": lambda t: t.abs().amax(), "q": lambda t: t.float().quantile(
-        torch.tensor([0.5, 0.9]))}]
+    stats = [
+        "mean",
+        "hist",
+        {
+            "top": lambda t: t.abs().amax(),
+            "q": lambda t: t.float().quantile(torch.tensor([0.5, 0.9])),
+        },
+    ]
     with layerscope.watch(model, every=1, stats=stats) as scope:
         _step(model, scope)
     frame = scope.frame()
     assert list(frame.columns) == [
-        "step", "phase", "rank", "module", "module_type", "kind", "tensor", "call",
-        "dtype", "shape", "numel", "mean", "hist", "top", "q",
+        "step",
+        "phase",
+        "rank",
+        "module",
+        "module_type",
+        "kind",
+        "tensor",
+        "call",
+        "dtype",
+        "shape",
+        "numel",
+        "mean",
+        "hist",
+        "top",
+        "q",
     ]
     weight = frame.query("module == '0' and kind == 'weight' and tensor == 'weight'").iloc[0]
     assert weight.top == pytest.approx(model[0].weight.abs().max().item())
     assert weight.q == pytest.approx(
         model[0].weight.detach().quantile(torch.tensor([0.5, 0.9])).tolist()
     )
-    assert weight["hist"].sum() == 32 and weight["hist"].dtype.name == "int64"
+    assert weight["hist"].sum() == 32
+    assert weight["hist"].dtype.name == "int64"
 
 
 def test_all_default_columns_present_even_when_nothing_was_recorded():

@@ -85,10 +85,14 @@ class DeviceRows:
         self._values = []
         self._values_size = 0
         if self.device.type != "cuda":
-            return HostCopy(payload.cpu() if payload.device.type != "cpu" else payload, rows,
-                            self.row_width, None)
+            return HostCopy(
+                payload.cpu() if payload.device.type != "cpu" else payload,
+                rows,
+                self.row_width,
+                None,
+            )
         host = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=True)
         host.copy_(payload, non_blocking=True)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # untyped in torch
         event.record()
         return HostCopy(host, rows, self.row_width, event)

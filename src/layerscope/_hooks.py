@@ -41,5 +41,5 @@ def in_backward() -> bool:
 
 def queue_at_backward_end(callback: Callable[[], None]) -> None:
     """Run ``callback`` once the running backward pass has finished (DDP and FSDP do the same)."""
-    engine: Any = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]  # private, stable since 1.x
+    engine: Any = torch.autograd.Variable._execution_engine  # private, stable since 1.x
     engine.queue_callback(callback)

@@ -84,31 +84,29 @@ class Selection:
         """Whether the module called ``name`` is watched."""
         if any(pattern.search(name) for pattern in self.exclude):
             return False
-        is_container = isinstance(module, _CONTAINERS)
         if self.include:
-            # A container's output repeats a child's: only a pattern naming it whole picks it.
-            if is_container:
-                matched = any(pattern.fullmatch(name) for pattern in self.include)
-            else:
-                matched = any(pattern.search(name) for pattern in self.include)
-            if not matched:
+            if any(pattern.fullmatch(name) for pattern in self.include):
+                # Named whole: picked even if it is a container or only has children.
+                return self.types is None or isinstance(module, self.types)
+            if not any(pattern.search(name) for pattern in self.include):
                 return False
         if self.types is not None:
             return isinstance(module, self.types)
-        if self.include and is_container:
-            return True
+        if isinstance(module, _CONTAINERS):
+            return False  # its output is a child's output, or it has no forward at all
         owns_parameters = next(module.parameters(recurse=False), None) is not None
         has_children = next(module.children(), None) is not None
-        return not is_container and (owns_parameters or not has_children)
+        return owns_parameters or not has_children
 
 
 def select(model: nn.Module, selection: Selection) -> Iterator[tuple[str, nn.Module]]:
     """Watched modules of ``model`` in ``named_modules()`` order, with clean names.
 
-    By default every module that owns parameters or has no children; pure containers
-    (Sequential, ModuleList, ModuleDict) only when an ``include`` pattern matches their whole
-    name. ``include`` / ``exclude`` are searched (``re.search``) in qualified names; ``types``
-    keeps only modules of those classes.
+    By default every module that owns parameters or has no children, but no pure container
+    (Sequential, ModuleList, ModuleDict). ``include`` / ``exclude`` patterns are searched
+    (``re.search``) in qualified names; an ``include`` pattern that matches a whole name picks
+    that module whatever it is (``"^$"`` the root, ``"encoder"`` a block). ``types`` keeps only
+    modules of those classes.
     """
     for raw_name, module in model.named_modules():
         name = clean_name(raw_name)

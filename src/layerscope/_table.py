@@ -25,7 +25,7 @@ META_COLUMNS = ("dtype", "shape", "numel")
 
 
 class Reading(NamedTuple):
-    """Metadata of one recorded tensor; its partials are row ``index`` of buffer ``buffer``."""
+    """Metadata of one recorded tensor; its partials are row ``row`` of buffer ``buffer``."""
 
     step: int
     phase: str
@@ -37,7 +37,7 @@ class Reading(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     buffer: int
-    index: int
+    row: int
     # (name, offset, length, is_scalar) of each custom statistic in the buffer's loose values
     custom: tuple[tuple[str, int, int, bool], ...] = ()
 
@@ -93,7 +93,7 @@ def finalize_batch(batch: Batch, rank: int, selection: StatSelection) -> Chunk:
         dtype=torch.int64,
     )
     chosen = torch.tensor(
-        [offsets[readings[p].buffer] + readings[p].index for p in members], dtype=torch.int64
+        [offsets[readings[p].buffer] + readings[p].row for p in members], dtype=torch.int64
     )
     rows = all_rows[chosen]
     merged = merge_groups(rows[:, :WIDTH], group_of, len(groups))

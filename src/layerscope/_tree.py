@@ -37,4 +37,6 @@ def named_tensors(value: object, prefix: str, depth: int = 0) -> Iterator[tuple[
             yield from named_tensors(item, f"{prefix}.{index}", depth + 1)
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for field in dataclasses.fields(value):
-            yield from named_tensors(getattr(value, field.name), f"{prefix}.{field.name}", depth + 1)
+            yield from named_tensors(
+                getattr(value, field.name), f"{prefix}.{field.name}", depth + 1
+            )

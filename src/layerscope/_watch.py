@@ -45,9 +45,15 @@ if TYPE_CHECKING:
 TRAIN = "train"
 EVAL = "eval"
 
-# Hooks run eagerly: under torch.compile each one is a graph break, and the statistics are
-# exactly those of an eager run.
-_eager = torch.compiler.disable
+
+def _eager(hook: Callable[..., None]) -> Callable[..., None]:
+    """Run ``hook`` eagerly, also inside a compiled model.
+
+    Under torch.compile each hook is then a graph break, and the statistics are exactly those
+    of an eager run.
+    """
+    disabled: Callable[..., None] = torch.compiler.disable(hook)  # type: ignore[no-untyped-call]  # untyped in torch
+    return disabled
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +66,7 @@ class _Target:
 
 @dataclass(frozen=True, slots=True)
 class _Owner:
-    """A watched module that owns a parameter or buffer under ``tensor`` (tied ones have several)."""
+    """A watched module owning a parameter or buffer as ``tensor``; tied ones have several."""
 
     module: str
     module_type: str
@@ -75,8 +81,9 @@ class Scope:
     ``optimizer.step()`` ends the step. ``frame()`` returns what was recorded.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                 config: WatchConfig) -> None:
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, config: WatchConfig
+    ) -> None:
         self.config = config
         self._root = unwrap(model)
         self._optimizer = optimizer
@@ -242,11 +249,17 @@ class Scope:
         self._hooks.add(root.register_forward_pre_hook(_eager(self._on_root_enter), prepend=True))
         for target, module in self._targets:
             if Kind.INPUT in self._kinds:
-                self._hooks.add(module.register_forward_pre_hook(
-                    _eager(partial(self._on_enter, target)), with_kwargs=True))
+                self._hooks.add(
+                    module.register_forward_pre_hook(
+                        _eager(partial(self._on_enter, target)), with_kwargs=True
+                    )
+                )
             else:
-                self._call_order_hooks.add(module.register_forward_pre_hook(
-                    _eager(partial(self._on_enter, target)), with_kwargs=True))
+                self._call_order_hooks.add(
+                    module.register_forward_pre_hook(
+                        _eager(partial(self._on_enter, target)), with_kwargs=True
+                    )
+                )
             self._hooks.add(module.register_forward_hook(_eager(partial(self._on_exit, target))))
         # Registered last so that it runs after every target's forward hook, also on errors.
         self._hooks.add(root.register_forward_hook(_eager(self._on_root_exit), always_call=True))
@@ -259,8 +272,9 @@ class Scope:
             # scope.step() runs, zero_grad() may have cleared them.
             for param, _ in self._params:
                 if param.requires_grad:
-                    self._hooks.add(param.register_post_accumulate_grad_hook(
-                        self._on_grad_accumulated))
+                    self._hooks.add(
+                        param.register_post_accumulate_grad_hook(self._on_grad_accumulated)  # type: ignore[no-untyped-call]  # untyped in torch
+                    )
 
     # ---------------------------------------------------------------- forward and backward hooks
 
@@ -323,8 +337,11 @@ class Scope:
             self._failures.record(f"the forward hook of {target.name!r}", error)
 
     def _on_recompute(self, target: _Target, output: Any) -> None:
-        """A checkpointed forward runs again in backward: its statistics are already recorded;
-        only outputs that missed their gradient hook the first time get it now."""
+        """A checkpointed forward runs again during backward.
+
+        Its statistics are already recorded; only outputs that missed their gradient hook the
+        first time (inside a reentrant checkpoint, under no_grad) get it now.
+        """
         pending = self._checkpointed.get(target.name)
         if Kind.GRAD in self._kinds and pending:
             # Segments recompute last first, so the latest unhooked call is the one running.
@@ -334,7 +351,7 @@ class Scope:
         hooked = False
         for name, tensor in named_tensors(output, "out"):
             if tensor.requires_grad:
-                tensor.register_hook(partial(self._on_grad, target, name, call))
+                tensor.register_hook(partial(self._on_grad, target, name, call))  # type: ignore[no-untyped-call]  # untyped in torch
                 hooked = True
         return hooked
 
@@ -387,7 +404,9 @@ class Scope:
             return args, {**kwargs, "closure": closure_then_read}
         return (args[0], closure_then_read, *args[2:]), kwargs
 
-    def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _after_optimizer_step(
+        self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
+    ) -> None:
         if self._closed:
             return
         if self._recording:
@@ -423,26 +442,44 @@ class Scope:
 
     def _record_owned(self, kind: Kind, owners: Sequence[_Owner], tensor: Tensor) -> None:
         first = owners[0]
-        self._record(_Target(first.module, first.module_type), kind, first.tensor, 0, TRAIN,
-                     tensor)
+        self._record(_Target(first.module, first.module_type), kind, first.tensor, 0, TRAIN, tensor)
         reading = self._readings[-1]
         for owner in owners[1:]:  # tied: computed once, reported under every owner
-            self._readings.append(reading._replace(
-                module=owner.module, module_type=owner.module_type, tensor=owner.tensor))
+            self._readings.append(
+                reading._replace(
+                    module=owner.module, module_type=owner.module_type, tensor=owner.tensor
+                )
+            )
 
     # ---------------------------------------------------------------- recording and flushing
 
-    def _record(self, target: _Target, kind: Kind, name: str, call: int, phase: str,
-                tensor: Tensor) -> None:
+    def _record(
+        self, target: _Target, kind: Kind, name: str, call: int, phase: str, tensor: Tensor
+    ) -> None:
         row, hist = tensor_partials(tensor, self._histogram)
         buffer_id, rows = self._rows_on(tensor.device)
         index = rows.append(row, hist)
         custom = self._custom_stats(rows, tensor) if self._custom else ()
-        self._readings.append(Reading(
-            self._step, phase, target.name, target.module_type, kind, name, call,
-            _dtype_name(tensor.dtype), tuple(tensor.shape), buffer_id, index, custom))
+        self._readings.append(
+            Reading(
+                self._step,
+                phase,
+                target.name,
+                target.module_type,
+                kind,
+                name,
+                call,
+                _dtype_name(tensor.dtype),
+                tuple(tensor.shape),
+                buffer_id,
+                index,
+                custom,
+            )
+        )
 
-    def _custom_stats(self, rows: DeviceRows, tensor: Tensor) -> tuple[tuple[str, int, int, bool], ...]:
+    def _custom_stats(
+        self, rows: DeviceRows, tensor: Tensor
+    ) -> tuple[tuple[str, int, int, bool], ...]:
         if not tensor.is_floating_point():
             return ()
         out = []
@@ -453,7 +490,9 @@ class Scope:
                     if not isinstance(value, Tensor):
                         value = torch.tensor(float(value), dtype=torch.float64)
                     if value.dim() > 1:
-                        raise ValueError(f"returned shape {tuple(value.shape)}, expected 0-d or 1-D")
+                        raise ValueError(
+                            f"returned shape {tuple(value.shape)}, expected 0-d or 1-D"
+                        )
                     offset, length = rows.add_values(value)
                     out.append((name, offset, length, value.dim() == 0))
                 except Exception as error:
@@ -559,8 +598,9 @@ def watch(
             None for the default ``Schedule(every=50, dense=10)``.
         capture: kinds to record: ``activation``, ``grad``, ``weight``, ``weight_grad`` by
             default; also ``input``, ``update`` (needs ``optimizer``) and ``buffer``.
-        include: regex (or list of them) searched in qualified module names; pure containers
-            are picked only by a pattern matching their whole name.
+        include: regex (or list of them) searched in qualified module names; a pattern that
+            matches a whole name picks that module even if it is a container or a block
+            without parameters of its own (``"^$"`` is the root).
         exclude: regex (or list) of module names to leave out.
         types: module classes to keep.
         stats: None for every built-in statistic; a list of names to keep some; a dict
@@ -581,7 +621,8 @@ def watch(
 
     Example:
         >>> import torch, layerscope
-        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
         >>> with layerscope.watch(model, every=1) as scope:
         ...     model(torch.randn(16, 4)).pow(2).mean().backward()
         ...     scope.step()
@@ -621,8 +662,6 @@ def _owned(
     owners: dict[int, tuple[Tensor, list[_Owner]]] = {}
     for name, module in targets:
         for tensor_name, tensor in named(module):
-            if tensor is None:
-                continue
             entry = owners.setdefault(id(tensor), (tensor, []))
             entry[1].append(_Owner(name, type(module).__name__, tensor_name))
     return list(owners.values())

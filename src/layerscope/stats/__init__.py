@@ -21,8 +21,8 @@ Example:
 
 from layerscope.stats._finalize import BUILTIN_STATS, finalize
 from layerscope.stats._histogram import (
-    HistogramSpec,
     LOG2_BINS,
+    HistogramSpec,
     LinearHistogram,
     Log2Histogram,
     log2_bin_edges,

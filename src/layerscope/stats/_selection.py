@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import keyword
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from torch import Tensor
 
@@ -84,7 +85,7 @@ def parse_stats(stats: object) -> StatSelection:
 
 def _iterate(stats: object) -> list[object]:
     try:
-        return list(stats)  # type: ignore[call-overload]  # any iterable is welcome
+        return list(cast(Iterable[object], stats))  # any iterable is welcome
     except TypeError:
         raise TypeError(
             f"stats: expected a list of statistic names and/or a dict of name -> callable, "

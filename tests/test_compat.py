@@ -1,0 +1,139 @@
+"""Wrapped and transformed models: torch.compile, checkpointing, DDP, Hugging Face, bf16."""
+
+import copy
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.checkpoint as checkpoint
+from torch import nn
+
+import layerscope
+
+STAT_COLUMNS = ["numel", "mean", "std", "min", "max", "absmax", "l2", "zero_frac", "nan_count"]
+KEY = ["step", "phase", "module", "kind", "tensor", "call"]
+
+
+def _run(model, steps=2, capture=("activation", "grad", "weight", "weight_grad")):
+    generator = torch.Generator().manual_seed(3)
+    with layerscope.watch(model, every=1, capture=capture) as scope:
+        for _ in range(steps):
+            x = torch.randn(4, 8, generator=generator, requires_grad=True)
+            model(x).pow(2).mean().backward()
+            scope.step()
+    assert scope.failures == 0
+    return scope.frame().sort_values(KEY).reset_index(drop=True)
+
+
+def _assert_same_stats(a, b, rtol=1e-6):
+    assert a[KEY].values.tolist() == b[KEY].values.tolist()
+    np.testing.assert_allclose(
+        a[STAT_COLUMNS].to_numpy(float), b[STAT_COLUMNS].to_numpy(float), rtol=rtol, atol=1e-7
+    )
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(8, 16)
+        self.act = nn.ReLU()
+        self.down = nn.Linear(16, 8)
+
+    def forward(self, x):
+        return x + self.down(self.act(self.up(x)))
+
+
+class Stack(nn.Module):
+    def __init__(self, checkpointing=None):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block() for _ in range(3)])
+        self.checkpointing = checkpointing
+
+    def forward(self, x):
+        for block in self.blocks:
+            if self.checkpointing is None:
+                x = block(x)
+            else:
+                x = checkpoint.checkpoint(block, x, use_reentrant=self.checkpointing == "reentrant")
+        return x
+
+
+@pytest.mark.parametrize("mode", ["reentrant", "non-reentrant"])
+def test_activation_checkpointing_counts_each_call_once(mode):
+    plain = Stack()
+    checkpointed = copy.deepcopy(plain)
+    checkpointed.checkpointing = mode
+    reference, ours = _run(plain), _run(checkpointed)
+    assert len(ours.query("kind == 'grad'")) == 2 * 9  # 9 watched modules, 2 steps
+    _assert_same_stats(reference, ours)
+
+
+@pytest.mark.slow
+def test_compiled_model_gives_the_same_statistics_as_eager():
+    eager = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    compiled = torch.compile(copy.deepcopy(eager))
+    reference, ours = _run(eager), _run(compiled)
+    assert set(ours.module) == {"0", "1", "2"}  # named as the eager model, no "_orig_mod"
+    _assert_same_stats(reference, ours, rtol=1e-5)  # compiled kernels round differently
+
+
+def test_ddp_wrapped_model_is_named_as_the_inner_model(tmp_path):
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        plain = Stack()
+        wrapped = nn.parallel.DistributedDataParallel(copy.deepcopy(plain))
+        reference, ours = _run(plain), _run(wrapped)
+        assert not any(name.startswith("module") for name in ours.module)
+        _assert_same_stats(reference, ours)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hugging_face_model_outputs_are_named_by_field():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=50, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 50, (2, 8))
+    include = [r"^transformer\.h\.0\.attn$", "^lm_head$", r"^transformer\.wte$"]
+    with layerscope.watch(model, every=1, include=include) as scope:
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        scope.step(loss=out.loss)
+    frame = scope.frame()
+    # lm_head's weight is the token embedding's: computed once, reported under both.
+    weights = frame.query("kind == 'weight'").set_index("module")
+    assert weights.loc["lm_head", "mean"] == weights.loc["transformer.wte", "mean"]
+    attention = frame.query("module == 'transformer.h.0.attn' and kind == 'activation'")
+    assert "out.0" in set(attention.tensor)
+    assert scope.failures == 0
+
+
+def test_hugging_face_model_output_fields_from_the_root():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config)
+    with layerscope.watch(model, every=1, include="^$") as scope:
+        model(torch.randint(0, 50, (2, 8)), labels=torch.randint(0, 50, (2, 8))).loss.backward()
+        scope.step()
+    tensors = set(scope.frame().query("kind == 'activation'").tensor)
+    assert {"out.loss", "out.logits"} <= tensors
+
+
+def test_bfloat16_model_is_reduced_in_float32():
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU()).to(torch.bfloat16)
+    outputs = []
+    model[1].register_forward_hook(lambda m, a, out: outputs.append(out.detach().clone()))
+    with layerscope.watch(model, every=1) as scope:
+        model(torch.randn(64, 8, dtype=torch.bfloat16)).float().sum().backward()
+        scope.step()
+    row = scope.frame().query("module == '1' and kind == 'activation'").iloc[0]
+    assert row["dtype"] == "bfloat16"
+    values = outputs[0].double().numpy()
+    assert row["mean"] == pytest.approx(values.mean(), rel=1e-5)
+    assert row["std"] == pytest.approx(values.std(ddof=1), rel=1e-5)
+    assert row["hist"].sum() == values.size
