@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install layerscope and its development tools into .venv, then lint, type-check and test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+# torch first: with no torch installed, a plain `torch` requirement pulls the CUDA build.
+.venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e '.[dev]'
+.venv/bin/ruff check src tests examples benchmarks
+.venv/bin/ruff format --check src tests examples benchmarks
+.venv/bin/mypy
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+  echo "pytest collected no tests" >&2
+fi
+exit "$status"
