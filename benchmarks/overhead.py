@@ -30,9 +30,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workloads import WORKLOADS, Workload  # noqa: E402  # run as a script
-
-import layerscope  # noqa: E402
+import layerscope
+from workloads import WORKLOADS, Workload  # run as a script
 
 CONFIGS = ("unwatched", "hooks idle", "full, every step")
 

@@ -43,8 +43,9 @@ class Block(nn.Module):
 
 
 class MiniGPT(nn.Module):
-    def __init__(self, vocab: int = 1024, dim: int = 256, heads: int = 4, layers: int = 4,
-                 context: int = 128) -> None:
+    def __init__(
+        self, vocab: int = 1024, dim: int = 256, heads: int = 4, layers: int = 4, context: int = 128
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.position = nn.Parameter(torch.zeros(context, dim))
@@ -82,9 +83,7 @@ def _tokens(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _vectors(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(128, 1024, generator=generator), torch.randn(
-        128, 1024, generator=generator
-    )
+    return torch.randn(128, 1024, generator=generator), torch.randn(128, 1024, generator=generator)
 
 
 def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
