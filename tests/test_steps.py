@@ -186,3 +186,47 @@ def test_buffers_are_recorded_after_the_step():
     assert set(frame.tensor) == {"running_mean", "running_var", "num_batches_tracked"}
     _assert_row(frame, "", "buffer", "running_mean", _stats64(model.running_mean))
     assert frame.query("tensor == 'num_batches_tracked'")["mean"].isna().all()  # counts only
+
+
+@pytest.mark.parametrize("with_custom", [False, True])
+def test_many_forward_passes_in_one_step_flush_early_and_merge_the_same(with_custom):
+    stats = {"rms": lambda t: t.pow(2).mean().sqrt()} if with_custom else None
+
+    def run(rows_per_flush):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        scope = layerscope.watch(
+            model, every=1, stats=stats, capture=("activation", "grad", "weight")
+        )
+        scope._rows_per_flush = rows_per_flush
+        capacity = []
+        for step in range(2):
+            for _ in range(7):  # accumulation: 7 passes, 6 readings each
+                model(torch.randn(3, 4)).sum().backward()
+                capacity.append(max(rows._data.shape[0] for _, rows in scope._buffers.values()))
+            model.eval()
+            with torch.no_grad():
+                for _ in range(5):
+                    model(torch.randn(2, 4))
+            model.train()
+            scope.step(loss=float(step))
+        scope.close()
+        return scope.frame(), scope.frame("scalars"), max(capacity)
+
+    whole, whole_scalars, _ = run(rows_per_flush=10_000)
+    pieces, piece_scalars, capacity = run(rows_per_flush=5)
+    assert capacity <= 64  # the buffer never grew past its first allocation
+    assert len(whole) == len(pieces) == 2 * (3 + 3 + 3 + 4)  # act, grad, eval act, weights
+    columns = ["numel", "mean", "std", "min", "max", "l2", "zero_frac"]
+    key = ["step", "phase", "module", "kind", "tensor", "call"]
+    whole, pieces = whole.sort_values(key), pieces.sort_values(key)
+    assert whole[key].values.tolist() == pieces[key].values.tolist()
+    np.testing.assert_allclose(
+        whole[columns].to_numpy(float), pieces[columns].to_numpy(float), rtol=1e-12
+    )
+    assert [h.tolist() for h in whole["hist"]] == [h.tolist() for h in pieces["hist"]]
+    if with_custom:
+        np.testing.assert_allclose(
+            whole.rms.to_numpy(float), pieces.rms.to_numpy(float), rtol=1e-12
+        )
+    assert whole_scalars.values.tolist() == piece_scalars.values.tolist()

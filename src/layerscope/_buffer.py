@@ -26,6 +26,10 @@ class HostCopy:
     row_width: int
     event: torch.cuda.Event | None
 
+    def landed(self) -> bool:
+        """Whether the copy has arrived; asks the device without waiting for it."""
+        return self.event is None or bool(self.event.query())  # type: ignore[no-untyped-call]  # untyped in torch
+
     def wait(self) -> tuple[Tensor, Tensor]:
         """Block until the copy has landed; return ``(rows, values)``."""
         if self.event is not None:

@@ -44,62 +44,118 @@ class Reading(NamedTuple):
 
 @dataclass(slots=True)
 class Batch:
-    """Readings of one flush and the copies that bring their buffers to the host."""
+    """Readings of one flush and the copies that bring their buffers to the host.
+
+    ``final`` marks the last flush of a step; earlier ones (a step with many forward passes
+    flushes when its buffer fills) leave their merged partials to be merged with the next.
+    """
 
     readings: list[Reading]
     copies: dict[int, HostCopy]
     scalars: list[tuple[int, str, float | tuple[int, int]]] = field(default_factory=list)
+    final: bool = True
+
+    def landed(self) -> bool:
+        """Whether every copy has arrived, asked without waiting."""
+        return all(copy.landed() for copy in self.copies.values())
+
+
+# A custom statistic of a group being merged: numel-weighted sum, total weight, and whether the
+# function returned a 0-d tensor. A None sum marks values whose lengths disagreed.
+_CustomSum = tuple[Tensor | None, float, bool]
+
+
+@dataclass(slots=True)
+class Merged:
+    """Readings merged on the host but not finalised: one row per group."""
+
+    first: list[Reading]  # metadata of each group: its first reading
+    rows: Tensor  # (groups, row_width) float64: merged partials, then histogram counts
+    custom: list[dict[str, _CustomSum]]
 
 
 @dataclass(slots=True)
 class Chunk:
-    """Finalised rows of one flush, column by column."""
+    """Finalised rows of one step, column by column."""
 
     columns: dict[str, Sequence[Any] | Tensor]
-    scalars: list[tuple[int, str, float]]
 
     def __len__(self) -> int:
         return len(self.columns["step"])
 
 
-def finalize_batch(batch: Batch, rank: int, selection: StatSelection) -> Chunk:
-    """Wait for the batch's copies, merge its readings and finalise them into columns."""
+def merge_batch(
+    batch: Batch, carry: Merged | None
+) -> tuple[Merged | None, list[tuple[int, str, float]]]:
+    """Wait for the batch's copies and merge its readings, and what ``carry`` holds, by key.
+
+    Readings of forward and backward kinds that share (step, phase, module, kind, tensor,
+    call) merge; for parameter and buffer kinds the latest reading replaces earlier ones.
+    """
     arrived = {buffer: copy.wait() for buffer, copy in batch.copies.items()}
     scalars = [
         (step, name, value if isinstance(value, float) else _value(arrived, value))
         for step, name, value in batch.scalars
     ]
-    readings = batch.readings
-    if not readings:
-        return Chunk(columns={name: [] for name in KEY_COLUMNS}, scalars=scalars)
-
-    offsets, start = {}, 0
+    sources = [carry.rows] if carry is not None else []
+    offsets: dict[int, int] = {}
+    start = sources[0].shape[0] if sources else 0
     for buffer, (rows, _) in arrived.items():
         offsets[buffer] = start
         start += rows.shape[0]
-    all_rows = torch.cat([rows for rows, _ in arrived.values()])
+        sources.append(rows)
+    if start == 0:
+        return None, scalars
 
-    groups: dict[tuple[object, ...], list[int]] = {}
-    for position, reading in enumerate(readings):
+    # Each group: the rows it merges, its first reading and its custom statistics.
+    groups: dict[tuple[object, ...], tuple[list[int], Reading, dict[str, _CustomSum]]] = {}
+
+    def add(reading: Reading, row: int, custom: dict[str, _CustomSum]) -> None:
         key = reading[:7]
-        if reading.kind in STATE_KINDS:
-            groups[key] = [position]
-        else:
-            groups.setdefault(key, []).append(position)
+        entry = groups.get(key)
+        if entry is None or reading.kind in STATE_KINDS:
+            groups[key] = ([row], entry[1] if entry else reading, dict(custom))
+            return
+        entry[0].append(row)
+        for name, value in custom.items():
+            entry[2][name] = _add_custom(entry[2].get(name), value)
 
-    members = [position for positions in groups.values() for position in positions]
+    if carry is not None:
+        for row, (reading, custom) in enumerate(zip(carry.first, carry.custom, strict=True)):
+            add(reading, row, custom)
+    for reading in batch.readings:
+        values = arrived[reading.buffer][1]
+        weight = float(max(1, _numel(reading.shape)))
+        custom = {
+            name: (values[offset : offset + length] * weight, weight, is_scalar)
+            for name, offset, length, is_scalar in reading.custom
+        }
+        add(reading, offsets[reading.buffer] + reading.row, custom)
+
+    all_rows = torch.cat(sources)
+    chosen = torch.tensor([row for rows, _, _ in groups.values() for row in rows])
     group_of = torch.tensor(
-        [gid for gid, positions in enumerate(groups.values()) for _ in positions],
+        [gid for gid, (rows, _, _) in enumerate(groups.values()) for _ in rows],
         dtype=torch.int64,
     )
-    chosen = torch.tensor(
-        [offsets[readings[p].buffer] + readings[p].row for p in members], dtype=torch.int64
+    picked = all_rows[chosen]
+    merged = torch.zeros(len(groups), all_rows.shape[1], dtype=torch.float64)
+    merged[:, :WIDTH] = merge_groups(picked[:, :WIDTH], group_of, len(groups))
+    merged[:, WIDTH:].index_add_(0, group_of, picked[:, WIDTH:])
+    return (
+        Merged(
+            first=[first for _, first, _ in groups.values()],
+            rows=merged,
+            custom=[custom for _, _, custom in groups.values()],
+        ),
+        scalars,
     )
-    rows = all_rows[chosen]
-    merged = merge_groups(rows[:, :WIDTH], group_of, len(groups))
-    stats = finalize(merged)
 
-    first = [readings[positions[0]] for positions in groups.values()]
+
+def finalize_merged(merged: Merged, rank: int, selection: StatSelection) -> Chunk:
+    """Turn merged partials into the columns of the stats table."""
+    first = merged.first
+    stats = finalize(merged.rows[:, :WIDTH])
     columns: dict[str, Sequence[Any] | Tensor] = {
         "step": [r.step for r in first],
         "phase": [r.phase for r in first],
@@ -116,19 +172,35 @@ def finalize_batch(batch: Batch, rank: int, selection: StatSelection) -> Chunk:
     for name in selection.builtin:
         if name != "hist":
             columns[name] = stats[name]
-    if "hist" in selection.builtin and all_rows.shape[1] > WIDTH:
-        hist = torch.zeros(len(groups), all_rows.shape[1] - WIDTH, dtype=torch.float64)
-        hist.index_add_(0, group_of, rows[:, WIDTH:])
-        counts = hist.to(torch.int64)
+    if "hist" in selection.builtin and merged.rows.shape[1] > WIDTH:
+        counts = merged.rows[:, WIDTH:].to(torch.int64)
         columns["hist"] = [
             counts[gid] if _has_histogram(r.dtype) else None for gid, r in enumerate(first)
         ]
     for name in selection.custom:
-        columns[name] = [
-            _merge_custom(name, [readings[p] for p in positions], arrived)
-            for positions in groups.values()
-        ]
-    return Chunk(columns=columns, scalars=scalars)
+        columns[name] = [_custom_value(custom.get(name)) for custom in merged.custom]
+    return Chunk(columns=columns)
+
+
+def _add_custom(total: _CustomSum | None, value: _CustomSum) -> _CustomSum:
+    if total is None:
+        return value
+    total_sum, total_weight, _ = total
+    value_sum, value_weight, is_scalar = value
+    if total_sum is None or value_sum is None or total_sum.shape != value_sum.shape:
+        return None, 0.0, is_scalar
+    return total_sum + value_sum, total_weight + value_weight, is_scalar
+
+
+def _custom_value(total: _CustomSum | None) -> float | list[float] | None:
+    """A merged custom statistic: the numel-weighted mean of its readings, or None."""
+    if total is None:
+        return None
+    values, weight, is_scalar = total
+    if values is None:
+        return None
+    mean: Tensor = values / weight
+    return float(mean[0]) if is_scalar else [float(v) for v in mean]
 
 
 def _has_histogram(dtype: str) -> bool:
@@ -138,33 +210,6 @@ def _has_histogram(dtype: str) -> bool:
 def _value(arrived: Mapping[int, tuple[Tensor, Tensor]], where: tuple[int, int]) -> float:
     buffer, offset = where
     return float(arrived[buffer][1][offset])
-
-
-def _merge_custom(
-    name: str, readings: list[Reading], arrived: Mapping[int, tuple[Tensor, Tensor]]
-) -> float | list[float] | None:
-    """A custom statistic of merged readings: their mean weighted by each reading's numel.
-
-    None where no reading has it (a failed or skipped call) or where their lengths disagree.
-    """
-    total: Tensor | None = None
-    weight_sum = 0.0
-    scalar = True
-    for reading in readings:
-        for custom_name, offset, length, is_scalar in reading.custom:
-            if custom_name != name:
-                continue
-            values = arrived[reading.buffer][1][offset : offset + length]
-            if total is not None and values.shape != total.shape:
-                return None
-            weight = float(max(1, _numel(reading.shape)))
-            total = values * weight if total is None else total + values * weight
-            weight_sum += weight
-            scalar = is_scalar
-    if total is None:
-        return None
-    merged = total / weight_sum
-    return float(merged[0]) if scalar else [float(value) for value in merged]
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -32,9 +32,11 @@ from layerscope._table import (
     META_COLUMNS,
     Batch,
     Chunk,
+    Merged,
     Reading,
     chunks_to_columns,
-    finalize_batch,
+    finalize_merged,
+    merge_batch,
 )
 from layerscope._tree import named_tensors
 from layerscope.stats import tensor_partials
@@ -44,6 +46,10 @@ if TYPE_CHECKING:
 
 TRAIN = "train"
 EVAL = "eval"
+
+# A step with many forward passes (long evaluations, much gradient accumulation) flushes when
+# this many readings wait, so that device memory stays bounded; the host merges the pieces.
+ROWS_PER_FLUSH = 4096
 
 
 def _eager(hook: Callable[..., None]) -> Callable[..., None]:
@@ -101,7 +107,11 @@ class Scope:
         self._readings: list[Reading] = []
         self._scalars: list[tuple[int, str, float | tuple[int, int]]] = []
         self._in_flight: list[Batch] = []
+        self._carry: Merged | None = None  # merged readings of a step not yet finished
         self._chunks: list[Chunk] = []
+        self._scalar_rows: list[tuple[int, str, float]] = []
+        self._rows_per_flush = ROWS_PER_FLUSH
+        self._partial = False  # the current step has flushed part of its readings
 
         self._call_counts: dict[tuple[str, str], int] = {}
         self._checkpointed: dict[str, list[int]] = {}  # calls whose grads wait for recompute
@@ -198,8 +208,7 @@ class Scope:
                 frame["hist"] = [None if h is None else h.numpy() for h in frame["hist"]]
             return frame
         if table == "scalars":
-            rows = [row for chunk in self._chunks for row in chunk.scalars]
-            return pandas.DataFrame(rows, columns=["step", "name", "value"])
+            return pandas.DataFrame(self._scalar_rows, columns=["step", "name", "value"])
         if table == "calls":
             return pandas.DataFrame(
                 [(c.seq, c.event, c.module, c.call) for c in self._calls],
@@ -215,8 +224,8 @@ class Scope:
         if self._closed:
             return
         try:
-            if self._readings or self._scalars:
-                self._flush()
+            if self._readings or self._scalars or self._partial:
+                self._flush(final=True)
         finally:
             self._closed = True
             self._hooks.remove()
@@ -442,40 +451,48 @@ class Scope:
 
     def _record_owned(self, kind: Kind, owners: Sequence[_Owner], tensor: Tensor) -> None:
         first = owners[0]
-        self._record(_Target(first.module, first.module_type), kind, first.tensor, 0, TRAIN, tensor)
-        reading = self._readings[-1]
-        for owner in owners[1:]:  # tied: computed once, reported under every owner
-            self._readings.append(
-                reading._replace(
-                    module=owner.module, module_type=owner.module_type, tensor=owner.tensor
-                )
-            )
+        target = _Target(first.module, first.module_type)
+        self._record(target, kind, first.tensor, 0, TRAIN, tensor, also_owned_by=owners[1:])
 
     # ---------------------------------------------------------------- recording and flushing
 
     def _record(
-        self, target: _Target, kind: Kind, name: str, call: int, phase: str, tensor: Tensor
+        self,
+        target: _Target,
+        kind: Kind,
+        name: str,
+        call: int,
+        phase: str,
+        tensor: Tensor,
+        also_owned_by: Sequence[_Owner] = (),
     ) -> None:
         row, hist = tensor_partials(tensor, self._histogram)
         buffer_id, rows = self._rows_on(tensor.device)
         index = rows.append(row, hist)
         custom = self._custom_stats(rows, tensor) if self._custom else ()
-        self._readings.append(
-            Reading(
-                self._step,
-                phase,
-                target.name,
-                target.module_type,
-                kind,
-                name,
-                call,
-                _dtype_name(tensor.dtype),
-                tuple(tensor.shape),
-                buffer_id,
-                index,
-                custom,
-            )
+        reading = Reading(
+            self._step,
+            phase,
+            target.name,
+            target.module_type,
+            kind,
+            name,
+            call,
+            _dtype_name(tensor.dtype),
+            tuple(tensor.shape),
+            buffer_id,
+            index,
+            custom,
         )
+        self._readings.append(reading)
+        for owner in also_owned_by:  # tied: computed once, reported under every owner
+            self._readings.append(
+                reading._replace(
+                    module=owner.module, module_type=owner.module_type, tensor=owner.tensor
+                )
+            )
+        if len(self._readings) >= self._rows_per_flush:
+            self._flush(final=False)
 
     def _custom_stats(
         self, rows: DeviceRows, tensor: Tensor
@@ -527,8 +544,8 @@ class Scope:
                 )
 
     def _end_step(self) -> None:
-        if self._recording and (self._readings or self._scalars):
-            self._flush()
+        if self._recording and (self._readings or self._scalars or self._partial):
+            self._flush(final=True)
         if self._calls_step == self._step:
             self._calls_open = False
         if not self._calls_open:
@@ -538,17 +555,21 @@ class Scope:
         self._call_counts.clear()
         self._checkpointed.clear()
 
-    def _flush(self) -> None:
+    def _flush(self, final: bool) -> None:
+        """Send what the buffers hold to the host; ``final`` at the end of a step."""
         copies = {
             buffer_id: rows.take()
             for buffer_id, rows in self._buffers.values()
             if rows.has_content()
         }
-        self._in_flight.append(Batch(self._readings, copies, self._scalars))
+        self._in_flight.append(Batch(self._readings, copies, self._scalars, final))
         self._readings, self._scalars = [], []
-        # One flush stays in flight so that a device copy overlaps the next steps.
-        keep = 1 if any(copy.event is not None for copy in copies.values()) else 0
-        while len(self._in_flight) > keep:
+        self._partial = not final
+        # Finish what has landed without waiting; at a step's end also everything but the
+        # newest flush, whose copy stays in flight to overlap the next steps.
+        while self._in_flight and (
+            self._in_flight[0].landed() or (final and len(self._in_flight) > 1)
+        ):
             self._finish(self._in_flight.pop(0))
 
     def _finish_in_flight(self) -> None:
@@ -557,8 +578,13 @@ class Scope:
 
     def _finish(self, batch: Batch) -> None:
         try:
-            self._chunks.append(finalize_batch(batch, self._rank, self.config.stats))
+            merged, scalars = merge_batch(batch, self._carry)
+            self._scalar_rows.extend(scalars)
+            self._carry = None if batch.final else merged
+            if batch.final and merged is not None:
+                self._chunks.append(finalize_merged(merged, self._rank, self.config.stats))
         except Exception as error:
+            self._carry = None
             self._failures.record("finalising a flush", error)
 
     def _columns(self) -> list[str]:

@@ -30,8 +30,9 @@ ALL_DTYPES = FLOAT_DTYPES + COUNT_DTYPES
 #: Values sprinkled into tensors; fp16 turns +-1e30 into +-inf and +-1e-30 into +-0.
 SPECIALS = (math.nan, math.inf, -math.inf, 0.0, -0.0, 1e30, -1e30, 1e-30, -1e-30)
 
-#: (loc, scale) of the normal families: plain, "mean 1e4 std 1", huge, tiny, constant.
-FAMILIES = ((0.0, 1.0), (1e4, 1.0), (-1e4, 1e-2), (0.0, 1e30), (0.0, 1e-30), (3.0, 0.0))
+#: (loc, scale) of the normal families: plain, "mean 1e4 std 1" (and 1e6, where float32 means
+#: round by ~ulp(1e6) = 0.06 and only the correction terms keep std right), huge, tiny, constant.
+FAMILIES = ((0.0, 1.0), (1e4, 1.0), (1e6, 1.0), (-1e4, 1e-2), (0.0, 1e30), (0.0, 1e-30), (3.0, 0.0))
 
 # A finite element: zero, or a magnitude in [1e-30, 1e30]. Tensors whose every finite value is
 # a float32 subnormal are left to a dedicated test in test_partials.py.
@@ -119,10 +120,12 @@ def check_stats(
 
     - mean: the float32 mean is corrected by the float32 sum of the deviations from it, then
       added in float64, so what is left is the rounding of that sum, ~u*log2(n)*mad, plus
-      second-order terms ~u**2*A: ``|mean - ref| <= 1e-5*mad + 1e-9*A``;
+      second-order terms ~u**2*log2(n)*A: ``|mean - ref| <= 1e-5*mad + 1e-11*A``;
     - std: all terms of the float32 sum of squared deviations are >= 0, relative error
       ~u*log2(n); the subtracted (sum of deviations)**2/n carries the mean's rounding, an
-      absolute floor ~u**1.5*A on std when the data are constant: ``<= 1e-4*s + 1e-8*A``;
+      absolute floor ~u**1.5*A on std when the data are constant: ``<= 1e-4*s + 1e-10*A``
+      (without that correction "mean 1e6 std 1" data come out percents off: a floor like
+      1e-8*A would let that pass, this one does not);
     - l2 = sqrt(M2 + n*mean**2) adds two non-negative terms: ``<= 1e-4*l2``.
 
     ``slack`` widens the moment bounds for merged rows (each piece brings its own rounding).
@@ -139,7 +142,7 @@ def check_stats(
     if float64:
         mean_tol, std_tol, l2_tol = 1e-12 * mad + 1e-15 * a, 1e-10 * s + 1e-15 * a, 1e-12
     else:
-        mean_tol, std_tol, l2_tol = 1e-5 * mad + 1e-9 * a, 1e-4 * s + 1e-8 * a, 1e-4
+        mean_tol, std_tol, l2_tol = 1e-5 * mad + 1e-11 * a, 1e-4 * s + 1e-10 * a, 1e-4
     assert abs(got["mean"] - ref["mean"]) <= slack * mean_tol, ("mean", got["mean"], ref)
     assert abs(got["l2"] - ref["l2"]) <= slack * l2_tol * ref["l2"], ("l2", got["l2"], ref)
     if not math.isnan(s):
@@ -176,7 +179,8 @@ def shapes(draw: st.DrawFn, max_dims: int = 3, max_side: int = 6) -> tuple[int, 
     """0-d, empty and multi-dimensional shapes, plus the odd long vector."""
     if draw(st.integers(0, 9)) == 0:
         return (draw(st.integers(100, 3000)),)
-    return tuple(draw(st.lists(st.integers(0, max_side), max_size=max_dims)))
+    dims = draw(st.sampled_from((0, *range(1, max_dims + 1), *range(2, max_dims + 1))))
+    return tuple(draw(st.lists(st.integers(0, max_side), min_size=dims, max_size=dims)))
 
 
 @st.composite

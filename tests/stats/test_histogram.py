@@ -229,8 +229,10 @@ def test_linear_ranges_float32_cannot_hold(
     # parse_histogram accepts these specs; a float32 tensor must still be counted.
     spec = parse_histogram(("linear", lo, hi, bins))
     a = np.array(values)
-    np.testing.assert_array_equal(np.searchsorted(np.linspace(lo, hi, bins + 1), a, "right"),
-                                  np.repeat(np.arange(bins + 2), expected))
+    np.testing.assert_array_equal(
+        np.searchsorted(np.linspace(lo, hi, bins + 1), a, "right"),
+        np.repeat(np.arange(bins + 2), expected),
+    )
     hist = tensor_partials(torch.tensor(values, dtype=torch.float32), spec)[1]
     assert hist.tolist() == expected
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -38,14 +39,19 @@ _EXACT = (
 
 
 @st.composite
-def split(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = ALL_DTYPES, max_pieces: int = 6):
+def split(
+    draw: st.DrawFn,
+    dtypes: tuple[torch.dtype, ...] = ALL_DTYPES,
+    min_pieces: int = 1,
+    max_pieces: int = 6,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """A tensor and its flat values cut into pieces, empty pieces included."""
     x = draw(tensors(dtypes))
     flat = x.reshape(-1)
-    k = draw(st.integers(1, max_pieces))
+    k = draw(st.integers(min_pieces, max_pieces))
     cuts = sorted(draw(st.lists(st.integers(0, flat.numel()), min_size=k - 1, max_size=k - 1)))
     bounds = [0, *cuts, flat.numel()]
-    return x, [flat[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
+    return x, [flat[lo:hi] for lo, hi in itertools.pairwise(bounds)]
 
 
 def partials(pieces: list[torch.Tensor]) -> torch.Tensor:
@@ -98,13 +104,10 @@ def test_merge_groups_of_pieces_is_the_whole(case: tuple[torch.Tensor, list[torc
 
 
 @settings(SETTINGS, max_examples=150)
-@given(case=split(max_pieces=2))
+@given(case=split(min_pieces=2, max_pieces=2))
 def test_pairwise_merge_is_the_whole(case: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
     x, pieces = case
-    a_row, b_row = partials(pieces * 2)[:2] if len(pieces) == 1 else partials(pieces)
-    if len(pieces) == 1:  # a whole and an empty piece
-        b_row = tensor_partials(pieces[0][:0], None)[0]
-    merged = merge(a_row, b_row)
+    merged = merge(*partials(pieces))
     assert merged.shape == (WIDTH,)
     a = values_of(x)
     assert_merged_exactly(merged, a, counts_only(x))
@@ -122,10 +125,11 @@ def test_merge_with_empty_is_identity(x: torch.Tensor, empty_dtype: torch.dtype)
     row = tensor_partials(x, None)[0]
     empty = tensor_partials(torch.empty(0, dtype=empty_dtype), None)[0]
     for merged in (merge(row, empty), merge(empty, row)):
-        # n * mean / n is one product and one quotient: allow the mean its last bit.
-        mean, want = merged[Field.MEAN].item(), row[Field.MEAN].item()
-        assert abs(mean - want) <= math.ulp(want)
-        assert abs(merged[Field.M2].item() - row[Field.M2].item()) <= 1e-15 * row[Field.M2]
+        # n * mean / n is one product and one quotient: allow the mean its last bit, and M2
+        # the n * ulp**2 that this bit adds to the spread term.
+        n, mean, m2 = (row[f].item() for f in (Field.COUNT, Field.MEAN, Field.M2))
+        assert abs(merged[Field.MEAN].item() - mean) <= math.ulp(mean)
+        assert abs(merged[Field.M2].item() - m2) <= 1e-15 * m2 + n * math.ulp(mean) ** 2
         for field in _EXACT:
             assert merged[field].item() == row[field].item(), field.name
     a = values_of(x)
@@ -142,7 +146,9 @@ def test_merge_groups_interleaved(
     case: tuple[torch.Tensor, list[torch.Tensor]], groups: int, data: st.DataObject
 ) -> None:
     _, pieces = case
-    ids = data.draw(st.lists(st.integers(0, groups - 1), min_size=len(pieces), max_size=len(pieces)))
+    ids = data.draw(
+        st.lists(st.integers(0, groups - 1), min_size=len(pieces), max_size=len(pieces))
+    )
     group = torch.tensor(ids, dtype=torch.int64)
     values = [values_of(p) for p in pieces]
     exact_rows = torch.from_numpy(np.stack([reference_row(v) for v in values]))
@@ -151,7 +157,7 @@ def test_merge_groups_interleaved(
     assert from_numpy.shape == (groups, WIDTH)
     float64 = pieces[0].dtype == torch.float64
     for g in range(groups):
-        a = np.concatenate([v for v, i in zip(values, ids) if i == g] + [np.empty(0)])
+        a = np.concatenate([v for v, i in zip(values, ids, strict=True) if i == g] + [np.empty(0)])
         assert_merged_float64(from_numpy[g], a)
         check_stats(row_stats(from_tensors, g), reference_stats(a), float64=float64, slack=2.0)
 
@@ -175,7 +181,7 @@ def test_200_rows_with_large_means(loc: float) -> None:
     whole = np.concatenate(pieces)
     variance = merged[Field.M2].item() / (merged[Field.COUNT].item() - 1)
     assert merged[Field.COUNT].item() == whole.size
-    assert abs(merged[Field.MEAN].item() - whole.mean()) <= 1e-14 * loc
+    assert abs(merged[Field.MEAN].item() - whole.mean()) <= 5e-14 * loc  # 200-term sum
     # numpy's own two-pass variance carries ~eps * loc / std of its mean's rounding.
     assert abs(variance - whole.var(ddof=1)) <= (1e-12 + 1e-15 * loc) * whole.var(ddof=1)
 

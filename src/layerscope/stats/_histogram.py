@@ -39,6 +39,12 @@ class LinearHistogram:
             )
         if self.bins < 1:
             raise ValueError(f"histogram: bins must be >= 1, got {self.bins!r}")
+        span = self.hi - self.lo
+        if not (math.isfinite(span) and span / self.bins > 0 and math.isfinite(self.bins / span)):
+            raise ValueError(
+                f"histogram: ('linear', {self.lo!r}, {self.hi!r}, {self.bins!r}) has bins too "
+                f"wide or too narrow for float64"
+            )
 
     @property
     def slots(self) -> int:

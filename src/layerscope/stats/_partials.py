@@ -13,6 +13,8 @@ from layerscope.stats._histogram import HistogramSpec, LinearHistogram
 from layerscope.stats._layout import WIDTH, Field
 
 _INF = float("inf")
+# Smallest exponent (as torch.frexp gives it) whose inverse power of two is finite.
+_MIN_EXPONENT = {torch.float32: -126, torch.float64: -1022}
 
 
 def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor, Tensor | None]:
@@ -63,6 +65,8 @@ def _float_partials(x: Tensor) -> Tensor:
     absmax = torch.maximum(lo.abs(), hi.abs())
     absmax = torch.where(count > 0, absmax, 0.0)
     _, exponent = torch.frexp(absmax)
+    # Below the smallest normal exponent 2**-exponent would overflow; subnormals keep less.
+    exponent = exponent.clamp(min=_MIN_EXPONENT[x.dtype])
     inv_scale = torch.pow(2.0, -exponent.to(x.dtype))
     scaled = torch.where(finite, x * inv_scale, 0.0)
     count_f = count.to(x.dtype)
@@ -72,7 +76,10 @@ def _float_partials(x: Tensor) -> Tensor:
     dev_sum = deviation.sum()
     m2_scaled = (deviation * deviation).sum() - dev_sum * dev_sum / count_f.clamp(min=1.0)
 
-    scale = torch.pow(2.0, exponent.to(torch.float64))
+    # Undo the scaling in two halves: 2**1024 alone overflows float64.
+    half = torch.div(exponent, 2, rounding_mode="floor").to(torch.float64)
+    scale_a = torch.pow(2.0, half)
+    scale_b = torch.pow(2.0, exponent.to(torch.float64) - half)
     zeros = numel - torch.count_nonzero(x)
     neg = torch.count_nonzero(x < 0)
     pos = torch.count_nonzero(x > 0)
@@ -80,8 +87,10 @@ def _float_partials(x: Tensor) -> Tensor:
         torch.tensor(float(numel), dtype=torch.float64, device=x.device),
         count,
         # Corrected mean, summed in float64: float32's ulp at 1e4 is 1e-3.
-        (mean_scaled.double() + dev_sum.double() / count_f.clamp(min=1.0).double()) * scale,
-        m2_scaled.clamp(min=0.0).to(torch.float64) * scale * scale,
+        (mean_scaled.double() + dev_sum.double() / count_f.clamp(min=1.0).double())
+        * scale_a
+        * scale_b,
+        m2_scaled.clamp(min=0.0).to(torch.float64) * scale_a * scale_a * scale_b * scale_b,
         lo,
         hi,
         zeros,
@@ -144,12 +153,26 @@ def _log2_bin_index(x: Tensor) -> Tensor:
 
 
 def _linear_bin_index(x: Tensor, spec: LinearHistogram) -> Tensor:
-    """Slot of each value: 0 underflow, 1..bins, bins+1 overflow, bins+2 NaN (dropped)."""
-    width = (spec.hi - spec.lo) / spec.bins
-    position = torch.floor((x - spec.lo) / width)
+    """Slot of each value: 0 underflow, 1..bins, bins+1 overflow, bins+2 NaN (dropped).
+
+    Computed in float64 and checked against the edges, as numpy does: rounding in
+    ``(x - lo) * scale`` can put a value next to an edge one bin off.
+    """
+    x = x.double()
+    bins = spec.bins
+    position = torch.floor((x - spec.lo) * (bins / (spec.hi - spec.lo))).clamp(-1.0, bins)
+    position = torch.where(torch.isnan(x), 0.0, position)
+    position = position - ((position >= 0) & (x < _linear_edge(position, spec))).double()
+    position = position + ((position < bins) & (x >= _linear_edge(position + 1, spec))).double()
     # NaN compares false everywhere: park it past the overflow slot, then drop that slot.
-    position = torch.where(torch.isnan(x), float(spec.bins + 1), position.clamp(-1.0, spec.bins))
+    position = torch.where(torch.isnan(x), float(bins + 1), position)
     return (position + 1).long()
+
+
+def _linear_edge(k: Tensor, spec: LinearHistogram) -> Tensor:
+    """Lower edge of bin ``k``: ``lo + k * width``, and exactly ``hi`` for ``k == bins``."""
+    width = (spec.hi - spec.lo) / spec.bins
+    return torch.where(k >= spec.bins, spec.hi, spec.lo + k.clamp(min=0.0) * width)
 
 
 def _count_bins(index: Tensor, slots: int) -> Tensor:
