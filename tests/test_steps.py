@@ -230,3 +230,31 @@ def test_many_forward_passes_in_one_step_flush_early_and_merge_the_same(with_cus
             whole.rms.to_numpy(float), pieces.rms.to_numpy(float), rtol=1e-12
         )
     assert whole_scalars.values.tolist() == piece_scalars.values.tolist()
+
+
+def test_scalars_of_unrecorded_steps_do_not_pile_up():
+    from layerscope import _watch
+
+    model = nn.Linear(2, 2)
+    with layerscope.watch(model, every=layerscope.Schedule(stop=1)) as scope:
+        for step in range(3 * _watch.SCALARS_PER_FLUSH):
+            scope.step(loss=torch.tensor(float(step)))
+            assert len(scope._scalars) <= _watch.SCALARS_PER_FLUSH
+    losses = scope.frame("scalars")
+    assert losses.value.tolist() == [float(s) for s in range(3 * _watch.SCALARS_PER_FLUSH)]
+
+
+def test_weight_grads_under_grad_scaler_are_unscaled():
+    import copy
+
+    model = nn.Linear(6, 3)
+    twin = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    x = torch.randn(5, 6)
+    with layerscope.watch(model, optimizer=optimizer, every=1, capture=("weight_grad",)) as scope:
+        scaler.scale(model(x).pow(2).mean()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    twin(x).pow(2).mean().backward()  # the same gradient, never scaled
+    _assert_row(scope.frame(), "", "weight_grad", "weight", _stats64(twin.weight.grad))

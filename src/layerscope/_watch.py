@@ -50,6 +50,8 @@ EVAL = "eval"
 # A step with many forward passes (long evaluations, much gradient accumulation) flushes when
 # this many readings wait, so that device memory stays bounded; the host merges the pieces.
 ROWS_PER_FLUSH = 4096
+# Scalars of unrecorded steps wait for the next recorded one, or until this many wait.
+SCALARS_PER_FLUSH = 512
 
 
 def _eager(hook: Callable[..., None]) -> Callable[..., None]:
@@ -544,7 +546,8 @@ class Scope:
                 )
 
     def _end_step(self) -> None:
-        if self._recording and (self._readings or self._scalars or self._partial):
+        scalars_due = len(self._scalars) >= SCALARS_PER_FLUSH
+        if (self._recording and (self._readings or self._scalars or self._partial)) or scalars_due:
             self._flush(final=True)
         if self._calls_step == self._step:
             self._calls_open = False
