@@ -13,22 +13,28 @@ Example:
     2     0         weight_grad  weight
 """
 
-from layerscope import stats
+from layerscope import sinks, stats, store
 from layerscope._errors import LayerscopeWarning
 from layerscope._kinds import Kind
 from layerscope._modules import CallEvent, ModuleInfo
 from layerscope._schedule import Schedule
 from layerscope._watch import Scope, watch
+from layerscope.store import Run, load, runs
 
 __all__ = [
     "CallEvent",
     "Kind",
     "LayerscopeWarning",
     "ModuleInfo",
+    "Run",
     "Schedule",
     "Scope",
     "__version__",
+    "load",
+    "runs",
+    "sinks",
     "stats",
+    "store",
     "watch",
 ]
 __version__ = "0.1.0"

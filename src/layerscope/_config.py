@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +11,14 @@ from torch import nn
 from layerscope._kinds import Kind, parse_capture
 from layerscope._schedule import Schedule, parse_every
 from layerscope._select import Selection, check_types, compile_patterns
-from layerscope.stats import HistogramSpec, StatSelection, parse_histogram, parse_stats
+from layerscope.stats import (
+    HistogramSpec,
+    LinearHistogram,
+    StatSelection,
+    log2_bin_edges,
+    parse_histogram,
+    parse_stats,
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,6 +59,16 @@ class WatchConfig:
             histogram=spec if "hist" in parsed_stats.builtin else None,
         )
 
+    def histogram_edges(self) -> list[float] | None:
+        """Lower edge of each histogram slot, saved with the run for readers."""
+        if self.histogram is None:
+            return None
+        if isinstance(self.histogram, LinearHistogram):
+            spec = self.histogram
+            width = (spec.hi - spec.lo) / spec.bins
+            return [-math.inf] + [spec.lo + k * width for k in range(spec.bins)] + [spec.hi]
+        return log2_bin_edges()
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, saved with the run."""
         return {
@@ -60,7 +78,7 @@ class WatchConfig:
             "exclude": [pattern.pattern for pattern in self.selection.exclude],
             "types": [cls.__name__ for cls in self.selection.types or ()],
             "stats": list(self.stats.builtin),
-            "custom_stats": sorted(self.stats.custom),
+            "custom_stats": list(self.stats.custom),
             "histogram": repr(self.histogram),
         }
 

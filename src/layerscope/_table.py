@@ -79,6 +79,8 @@ class Chunk:
     """Finalised rows of one step, column by column."""
 
     columns: dict[str, Sequence[Any] | Tensor]
+    hist: Tensor | None = None  # (rows, slots) int64 counts, if histograms are kept
+    hist_valid: list[bool] = field(default_factory=list)  # False: counts-only dtype, no counts
 
     def __len__(self) -> int:
         return len(self.columns["step"])
@@ -172,13 +174,14 @@ def finalize_merged(merged: Merged, rank: int, selection: StatSelection) -> Chun
     for name in selection.builtin:
         if name != "hist":
             columns[name] = stats[name]
-    if "hist" in selection.builtin and merged.rows.shape[1] > WIDTH:
-        counts = merged.rows[:, WIDTH:].to(torch.int64)
-        columns["hist"] = [
-            counts[gid] if _has_histogram(r.dtype) else None for gid, r in enumerate(first)
-        ]
     for name in selection.custom:
         columns[name] = [_custom_value(custom.get(name)) for custom in merged.custom]
+    if "hist" in selection.builtin and merged.rows.shape[1] > WIDTH:
+        return Chunk(
+            columns=columns,
+            hist=merged.rows[:, WIDTH:].to(torch.int64),
+            hist_valid=[_has_histogram(r.dtype) for r in first],
+        )
     return Chunk(columns=columns)
 
 
@@ -220,13 +223,14 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def chunks_to_columns(chunks: Sequence[Chunk]) -> dict[str, list[Any]]:
-    """All chunks' columns joined, as plain Python lists (tensors become lists of numbers)."""
+    """All chunks' columns joined as Python lists; ``hist`` holds int64 tensors or None."""
     names: list[str] = []
     for chunk in chunks:
         for name in chunk.columns:
             if name not in names:
                 names.append(name)
     joined: dict[str, list[Any]] = {name: [] for name in names}
+    hist: list[Tensor | None] = []
     for chunk in chunks:
         size = len(chunk)
         for name in names:
@@ -237,4 +241,11 @@ def chunks_to_columns(chunks: Sequence[Chunk]) -> dict[str, list[Any]]:
                 joined[name].extend(column.tolist())
             else:
                 joined[name].extend(column)
+        if chunk.hist is None:
+            hist.extend([None] * size)
+        else:
+            hist.extend(
+                h if valid else None for h, valid in zip(chunk.hist, chunk.hist_valid, strict=True)
+            )
+    joined["hist"] = hist
     return joined

@@ -9,6 +9,8 @@ training.
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -25,20 +27,13 @@ from layerscope._hooks import HookHandles, in_backward, queue_at_backward_end
 from layerscope._imports import require
 from layerscope._kinds import DEFAULT_CAPTURE, Kind
 from layerscope._modules import CallEvent, ModuleInfo, module_tree
+from layerscope._pipeline import Pipeline
 from layerscope._schedule import Schedule
 from layerscope._select import select, unwrap
-from layerscope._table import (
-    KEY_COLUMNS,
-    META_COLUMNS,
-    Batch,
-    Chunk,
-    Merged,
-    Reading,
-    chunks_to_columns,
-    finalize_merged,
-    merge_batch,
-)
+from layerscope._table import KEY_COLUMNS, META_COLUMNS, Batch, Reading, chunks_to_columns
 from layerscope._tree import named_tensors
+from layerscope.sinks._base import FanOut, Records, RunInfo, RunSummary, Sink
+from layerscope.sinks._memory import MemorySink
 from layerscope.stats import tensor_partials
 
 if TYPE_CHECKING:
@@ -90,7 +85,12 @@ class Scope:
     """
 
     def __init__(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, config: WatchConfig
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        config: WatchConfig,
+        sinks: Sequence[Sink] = (),
+        store: Any = None,
     ) -> None:
         self.config = config
         self._root = unwrap(model)
@@ -108,12 +108,9 @@ class Scope:
         self._buffers: dict[torch.device, tuple[int, DeviceRows]] = {}
         self._readings: list[Reading] = []
         self._scalars: list[tuple[int, str, float | tuple[int, int]]] = []
-        self._in_flight: list[Batch] = []
-        self._carry: Merged | None = None  # merged readings of a step not yet finished
-        self._chunks: list[Chunk] = []
-        self._scalar_rows: list[tuple[int, str, float]] = []
         self._rows_per_flush = ROWS_PER_FLUSH
         self._partial = False  # the current step has flushed part of its readings
+        self._last_flush = time.monotonic()
 
         self._call_counts: dict[tuple[str, str], int] = {}
         self._checkpointed: dict[str, list[int]] = {}  # calls whose grads wait for recompute
@@ -122,6 +119,7 @@ class Scope:
         self._calls: list[CallEvent] = []
         self._calls_step: int | None = None  # the step whose call order is recorded
         self._calls_open = True
+        self._calls_sent = False
         self._grad_read_queued = False
         self._before_step: dict[int, Tensor] = {}
 
@@ -137,11 +135,28 @@ class Scope:
         self._params = _owned(targets, lambda m: m.named_parameters(recurse=False))
         self._module_buffers = _owned(targets, lambda m: m.named_buffers(recurse=False))
         self._modules = module_tree(self._root, {name for name, _ in targets})
+
+        # Without a store the records stay in memory, for frame().
+        self._store = store
+        self._memory: MemorySink | None = None
+        main: Sink = store
+        if store is None:
+            main = self._memory = MemorySink()
+        self._sink = FanOut([main, *sinks])
+        self._started = time.time()
+        self._sink.start(self._run_info(store))
+        self._pipeline = Pipeline(
+            self._sink,
+            rank=self._rank,
+            selection=config.stats,
+            failures=self._failures,
+            flush_steps=getattr(store, "flush_steps", 10),
+            flush_seconds=getattr(store, "flush_seconds", 5.0),
+        )
         try:
             self._register()
         except BaseException:
-            self._hooks.remove()
-            self._call_order_hooks.remove()
+            self.close()
             raise
 
     # ---------------------------------------------------------------- public surface
@@ -201,42 +216,57 @@ class Scope:
         Returns:
             A new DataFrame; later steps do not change it.
         """
-        pandas = require("pandas", "dataframe")
-        self._finish_in_flight()
+        pd = require("pandas", "dataframe")
+        self._failures.warn_pending()
+        if table not in ("stats", "scalars", "calls"):
+            raise ValueError(f"table: expected 'stats', 'scalars' or 'calls', got {table!r}")
+        if not self._closed:
+            self._pipeline.drain()
+        if self._memory is None:
+            from layerscope.store import load
+
+            run = load(self._store.path)
+            stored: pandas.DataFrame = getattr(run, table)
+            return stored
         if table == "stats":
-            columns = chunks_to_columns(self._chunks)
-            frame = pandas.DataFrame({name: columns.get(name, []) for name in self._columns()})
+            columns = chunks_to_columns(self._memory.chunks)
+            names = self._columns()
+            frame = pd.DataFrame({name: columns.get(name, []) for name in names})
             if "hist" in frame:
-                frame["hist"] = [None if h is None else h.numpy() for h in frame["hist"]]
+                frame["hist"] = [None if h is None else h.numpy() for h in columns["hist"]]
             return frame
         if table == "scalars":
-            return pandas.DataFrame(self._scalar_rows, columns=["step", "name", "value"])
-        if table == "calls":
-            return pandas.DataFrame(
-                [(c.seq, c.event, c.module, c.call) for c in self._calls],
-                columns=["seq", "event", "module", "call"],
-            )
-        raise ValueError(f"table: expected 'stats', 'scalars' or 'calls', got {table!r}")
+            return pd.DataFrame(self._memory.scalars, columns=["step", "name", "value"])
+        return pd.DataFrame(
+            [(c.seq, c.event, c.module, c.call) for c in self._memory.calls],
+            columns=["seq", "event", "module", "call"],
+        )
 
-    def close(self) -> None:
+    def close(self, status: str = "finished") -> None:
         """Remove every hook and finish recording; what the current step has so far is kept.
+
+        Args:
+            status: how the run ended, saved with it: ``"finished"`` or ``"failed"`` (leaving
+                the ``with`` on an exception passes ``"failed"``).
 
         Safe to call twice. ``frame()`` still works afterwards.
         """
         if self._closed:
             return
+        self._closed = True
         try:
             if self._readings or self._scalars or self._partial:
                 self._flush(final=True)
+            self._send_calls()
         finally:
-            self._closed = True
             self._hooks.remove()
             self._call_order_hooks.remove()
             self._params = []
             self._module_buffers = []
             self._before_step.clear()
             self._checkpointed.clear()
-        self._finish_in_flight()
+            self._pipeline.close(partial(self._summary, status))
+            self._failures.warn_pending()
 
     def __enter__(self) -> Scope:
         return self
@@ -247,7 +277,7 @@ class Scope:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self.close()
+        self.close("failed" if exc_type is not None else "finished")
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"step {self._step}"
@@ -320,7 +350,7 @@ class Scope:
                 for name, tensor in _inputs(args, kwargs):
                     self._record(target, Kind.INPUT, name, call, phase, tensor)
         except Exception as error:
-            self._failures.record(f"the input hook of {target.name!r}", error)
+            self._fail(f"the input hook of {target.name!r}", error)
 
     def _on_exit(self, target: _Target, module: nn.Module, args: Any, output: Any) -> None:
         if not self._recording:
@@ -345,7 +375,7 @@ class Scope:
                     # forward is recomputed during backward, and is hooked then.
                     self._checkpointed.setdefault(target.name, []).append(call)
         except Exception as error:
-            self._failures.record(f"the forward hook of {target.name!r}", error)
+            self._fail(f"the forward hook of {target.name!r}", error)
 
     def _on_recompute(self, target: _Target, output: Any) -> None:
         """A checkpointed forward runs again during backward.
@@ -372,7 +402,7 @@ class Scope:
         try:
             self._record(target, Kind.GRAD, name, call, TRAIN, grad)
         except Exception as error:
-            self._failures.record(f"the gradient hook of {target.name!r}", error)
+            self._fail(f"the gradient hook of {target.name!r}", error)
 
     def _log_call(self, event: str, target: _Target, call: int) -> None:
         if self._calls_step is None:
@@ -449,7 +479,7 @@ class Scope:
                 if value is not None:
                     self._record_owned(kind, owners, value)
         except Exception as error:
-            self._failures.record(f"reading {kind.value}", error)
+            self._fail(f"reading {kind.value}", error)
 
     def _record_owned(self, kind: Kind, owners: Sequence[_Owner], tensor: Tensor) -> None:
         first = owners[0]
@@ -515,7 +545,7 @@ class Scope:
                     offset, length = rows.add_values(value)
                     out.append((name, offset, length, value.dim() == 0))
                 except Exception as error:
-                    self._failures.record(f"custom statistic {name!r}", error)
+                    self._fail(f"custom statistic {name!r}", error)
         return tuple(out)
 
     def _rows_on(self, device: torch.device) -> tuple[int, DeviceRows]:
@@ -546,55 +576,70 @@ class Scope:
                 )
 
     def _end_step(self) -> None:
-        scalars_due = len(self._scalars) >= SCALARS_PER_FLUSH
+        scalars_due = len(self._scalars) >= SCALARS_PER_FLUSH or (
+            self._scalars and time.monotonic() - self._last_flush >= 1.0
+        )
         if (self._recording and (self._readings or self._scalars or self._partial)) or scalars_due:
             self._flush(final=True)
         if self._calls_step == self._step:
             self._calls_open = False
+            self._send_calls()
         if not self._calls_open:
             self._call_order_hooks.remove()
         self._step += 1
         self._recording = self._schedule.records(self._step)
         self._call_counts.clear()
         self._checkpointed.clear()
+        self._failures.warn_pending()
 
     def _flush(self, final: bool) -> None:
-        """Send what the buffers hold to the host; ``final`` at the end of a step."""
+        """Start the copy of what the buffers hold to the host; ``final`` ends a step."""
         copies = {
             buffer_id: rows.take()
             for buffer_id, rows in self._buffers.values()
             if rows.has_content()
         }
-        self._in_flight.append(Batch(self._readings, copies, self._scalars, final))
+        self._pipeline.submit(Batch(self._readings, copies, self._scalars, final))
         self._readings, self._scalars = [], []
         self._partial = not final
-        # Finish what has landed without waiting; at a step's end also everything but the
-        # newest flush, whose copy stays in flight to overlap the next steps.
-        while self._in_flight and (
-            self._in_flight[0].landed() or (final and len(self._in_flight) > 1)
-        ):
-            self._finish(self._in_flight.pop(0))
+        self._last_flush = time.monotonic()
 
-    def _finish_in_flight(self) -> None:
-        while self._in_flight:
-            self._finish(self._in_flight.pop(0))
+    def _send_calls(self) -> None:
+        if self._calls and not self._calls_sent:
+            self._calls_sent = True
+            self._pipeline.submit(Records(calls=list(self._calls)))
 
-    def _finish(self, batch: Batch) -> None:
-        try:
-            merged, scalars = merge_batch(batch, self._carry)
-            self._scalar_rows.extend(scalars)
-            self._carry = None if batch.final else merged
-            if batch.final and merged is not None:
-                self._chunks.append(finalize_merged(merged, self._rank, self.config.stats))
-        except Exception as error:
-            self._carry = None
-            self._failures.record("finalising a flush", error)
+    def _run_info(self, store: Any) -> RunInfo:
+        name = getattr(store, "name", None) or f"run-{time.strftime('%Y%m%d-%H%M%S')}"
+        return RunInfo(
+            id=uuid.uuid4().hex,
+            name=name,
+            started=self._started,
+            rank=self._rank,
+            config=self.config.to_dict(),
+            modules=self._modules,
+            histogram_edges=self.config.histogram_edges(),
+        )
+
+    def _summary(self, status: str, recorded_rows: int, dropped_rows: int) -> RunSummary:
+        return RunSummary(
+            status=status,
+            ended=time.time(),
+            steps=self._step,
+            recorded_rows=recorded_rows,
+            dropped_rows=dropped_rows,
+            failures=self._failures.count,
+        )
 
     def _columns(self) -> list[str]:
         names = [*KEY_COLUMNS, *META_COLUMNS]
         names += [n for n in self.config.stats.builtin if n != "hist" or self._histogram]
         names += list(self._custom)
         return names
+
+    def _fail(self, where: str, error: BaseException) -> None:
+        self._failures.record(where, error)
+        self._failures.warn_pending()
 
     def _check_open(self, action: str) -> None:
         if self._closed:
@@ -613,7 +658,7 @@ def watch(
     stats: object = None,
     histogram: object = "log2",
     alerts: bool = True,
-    sinks: Sequence[object] = (),
+    sinks: Sequence[Sink] = (),
 ) -> Scope:
     """Record statistics of every layer of ``model`` while it trains.
 
@@ -622,7 +667,9 @@ def watch(
             names. Hooks must be attached before a compiled model's first call.
         optimizer: if given, ``optimizer.step()`` ends each step; gradients are read just
             before it (after accumulation and unscaling), weights and updates just after.
-        run: where to store the run. Only ``None`` (in memory) is supported in this version.
+        run: the run's directory (a path or an fsspec URL such as ``memory://runs/a``), or a
+            ``layerscope.store.ParquetStore`` for its flush settings; None keeps the run in
+            memory. An existing run is never overwritten: that raises FileExistsError.
         every: which steps get full statistics: an int N (every N-th step), a ``Schedule``, or
             None for the default ``Schedule(every=50, dense=10)``.
         capture: kinds to record: ``activation``, ``grad``, ``weight``, ``weight_grad`` by
@@ -638,7 +685,7 @@ def watch(
         histogram: ``"log2"`` (range-free magnitude bins), ``("linear", lo, hi, bins)`` or None.
         alerts: health rules; none ship in this version, so only ``True`` and ``False`` are
             accepted and nothing is checked yet.
-        sinks: extra outputs; none ship in this version, so only ``()`` is accepted.
+        sinks: extra outputs, e.g. ``layerscope.sinks.TensorBoard("tb/")``.
 
     Returns:
         A ``Scope``: a context manager whose exit removes every hook.
@@ -664,10 +711,7 @@ def watch(
         raise TypeError(
             f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}"
         )
-    if run is not None:
-        raise NotImplementedError("run: storing runs is not in this version; use run=None")
-    if tuple(sinks):
-        raise NotImplementedError("sinks: no sinks ship in this version; use sinks=()")
+    checked_sinks = _check_sinks(sinks)
     if not isinstance(alerts, bool):
         raise ValueError(f"alerts: expected True or False in this version, got {alerts!r}")
     config = WatchConfig.from_arguments(
@@ -680,7 +724,25 @@ def watch(
         stats=stats,
         histogram=histogram,
     )
-    return Scope(model, optimizer, config)
+    store = None
+    if run is not None:
+        from layerscope.store import ParquetStore
+
+        store = run if isinstance(run, ParquetStore) else ParquetStore(run)  # type: ignore[arg-type]  # ParquetStore checks the type
+    return Scope(model, optimizer, config, sinks=checked_sinks, store=store)
+
+
+def _check_sinks(sinks: object) -> list[Sink]:
+    if isinstance(sinks, Sink):
+        sinks = [sinks]
+    if not isinstance(sinks, Sequence | tuple):
+        raise TypeError(f"sinks: expected a list of sinks, got {type(sinks).__name__}")
+    for sink in sinks:
+        if not isinstance(sink, Sink):
+            raise TypeError(
+                f"sinks: {sink!r} is not a sink: it needs start, write, flush and close methods"
+            )
+    return list(sinks)
 
 
 def _owned(

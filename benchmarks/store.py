@@ -1,0 +1,218 @@
+"""Throughput of the run store, and query latency over a large run.
+
+    python benchmarks/store.py            # prints the figures
+    python benchmarks/store.py --write    # also updates the store section of BENCHMARKS.md
+
+- write: stat rows per second through ParquetStore.write + flush (Arrow conversion, trimmed
+  histograms, zstd Parquet segments, atomic renames), from chunks of finalised rows;
+- finalise + write: the whole writer-thread path from device readings (merging, finalising)
+  to Parquet, as the writer thread runs it;
+- query: one module's series (step, mean) out of 10 million rows with ``Run.sql``, median of
+  repeated runs, after the run is closed and compacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import layerscope
+from layerscope._buffer import HostCopy
+from layerscope._kinds import Kind
+from layerscope._table import Batch, Chunk, Reading, finalize_merged, merge_batch
+from layerscope.sinks import Records, RunInfo, RunSummary
+from layerscope.stats import WIDTH, StatSelection, finalize
+from layerscope.store import ParquetStore
+
+MODULES = [
+    f"blocks.{b}.{part}" for b in range(12) for part in ("attn", "mlp.fc1", "mlp.fc2", "ln1", "ln2")
+]
+KINDS = ("activation", "grad", "weight", "weight_grad")
+
+
+def _partials(rows: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plausible partials and log2 histograms: ~20 non-zero bins around 2**-3."""
+    partials = torch.zeros(rows, WIDTH, dtype=torch.float64)
+    partials[:, 0] = partials[:, 1] = 4096
+    partials[:, 2] = torch.randn(rows, generator=generator, dtype=torch.float64)
+    partials[:, 3] = 4096 * torch.rand(rows, generator=generator, dtype=torch.float64)
+    partials[:, 4], partials[:, 5] = -3.0, 3.0
+    partials[:, 9] = partials[:, 10] = 2048
+    centre = torch.randint(110, 130, (rows, 1), generator=generator)
+    offsets = torch.arange(-10, 10)
+    hist = torch.zeros(rows, 256, dtype=torch.int64)
+    hist.scatter_(1, centre + offsets, 200)
+    return partials, hist
+
+
+def _chunk(first_step: int, rows: int, generator: torch.Generator) -> Chunk:
+    per_step = len(MODULES) * len(KINDS)
+    partials, hist = _partials(rows, generator)
+    stats = finalize(partials)
+    index = range(rows)
+    columns = {
+        "step": [first_step + i // per_step for i in index],
+        "phase": ["train"] * rows,
+        "rank": [0] * rows,
+        "module": [MODULES[(i // len(KINDS)) % len(MODULES)] for i in index],
+        "module_type": ["Linear"] * rows,
+        "kind": [KINDS[i % len(KINDS)] for i in index],
+        "tensor": ["out"] * rows,
+        "call": [0] * rows,
+        "dtype": ["bfloat16"] * rows,
+        "shape": [(8, 128, 768)] * rows,
+        "numel": stats["numel"],
+        **{name: stats[name] for name in layerscope.stats.BUILTIN_STATS if name != "hist"},
+    }
+    return Chunk(columns=columns, hist=hist, hist_valid=[True] * rows)
+
+
+def _info() -> RunInfo:
+    return RunInfo(
+        id="bench",
+        name="bench",
+        started=time.time(),
+        rank=0,
+        config={"stats": list(layerscope.stats.BUILTIN_STATS)},
+        modules=[],
+        histogram_edges=layerscope.stats.log2_bin_edges(),
+    )
+
+
+def _summary(steps: int, rows: int) -> RunSummary:
+    return RunSummary(
+        status="finished",
+        ended=time.time(),
+        steps=steps,
+        recorded_rows=rows,
+        dropped_rows=0,
+        failures=0,
+    )
+
+
+def write_rate(directory: Path, rows: int, chunk_rows: int, flush_every: int) -> float:
+    """Chunks as the writer gets them (one recorded step each), a segment every few steps."""
+    generator = torch.Generator().manual_seed(0)
+    count = rows // chunk_rows
+    chunks = [_chunk(i * chunk_rows // 240, chunk_rows, generator) for i in range(count)]
+    store = ParquetStore(directory / "write")
+    store.start(_info())
+    start = time.perf_counter()
+    for index, chunk in enumerate(chunks):
+        store.write(Records(stats=chunk))
+        if index % flush_every == flush_every - 1:
+            store.flush()
+    store.flush()
+    elapsed = time.perf_counter() - start
+    store.close(_summary(0, rows))
+    return rows / elapsed
+
+
+def finalise_and_write_rate(directory: Path, steps: int) -> float:
+    """Readings of a 60-module model, 4 kinds, one step per batch, through the writer path."""
+    generator = torch.Generator().manual_seed(1)
+    per_step = len(MODULES) * len(KINDS)
+    store = ParquetStore(directory / "finalise")
+    store.start(_info())
+    batches = []
+    for step in range(steps):
+        partials, hist = _partials(per_step, generator)
+        payload = torch.cat([partials, hist.double()], dim=1).reshape(-1)
+        readings = [
+            Reading(
+                step,
+                "train",
+                MODULES[i // 4],
+                "Linear",
+                Kind(KINDS[i % 4]),
+                "out",
+                0,
+                "bfloat16",
+                (8, 128, 768),
+                0,
+                i,
+            )
+            for i in range(per_step)
+        ]
+        batches.append(Batch(readings, {0: HostCopy(payload, per_step, WIDTH + 256, None)}))
+    selection = StatSelection()
+    start = time.perf_counter()
+    for index, batch in enumerate(batches):
+        merged, _ = merge_batch(batch, None)
+        assert merged is not None
+        store.write(Records(stats=finalize_merged(merged, 0, selection)))
+        if index % 10 == 9:
+            store.flush()
+    store.flush()
+    elapsed = time.perf_counter() - start
+    store.close(_summary(steps, steps * per_step))
+    return steps * per_step / elapsed
+
+
+def query_time(directory: Path, rows: int, repeats: int) -> tuple[float, int]:
+    generator = torch.Generator().manual_seed(2)
+    store = ParquetStore(directory / "query")
+    store.start(_info())
+    chunk_rows = 1_000_080  # whole steps of 240 rows
+    written = 0
+    while written < rows:
+        store.write(Records(stats=_chunk(written // 240, chunk_rows, generator)))
+        store.flush()
+        written += chunk_rows
+    store.close(_summary(written // 240, written))
+    run = layerscope.load(directory / "query")
+    query = (
+        "select step, mean from stats where module = 'blocks.7.mlp.fc1' "
+        "and kind = 'activation' order by step"
+    )
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        series = run.sql(query)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), len(series)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=2_000_000, help="rows for the write rate")
+    parser.add_argument("--query-rows", type=int, default=10_000_000)
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        write = write_rate(directory, args.rows, chunk_rows=2_400, flush_every=10)
+        finalise = finalise_and_write_rate(directory, steps=500)
+        query, found = query_time(directory, args.query_rows, repeats=7)
+    lines = [
+        "| measure | figure |",
+        "|---|---|",
+        f"| write: stat rows per second (steps of 2,400 rows, a segment every 10) | {write:,.0f} |",
+        f"| finalise + write: rows per second (steps of 240 readings) | {finalise:,.0f} |",
+        f"| query: one module's series of {found:,} rows out of "
+        f"{args.query_rows / 1e6:.0f} million, median | {query * 1e3:.0f} ms |",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        path = Path(__file__).parent.parent / "BENCHMARKS.md"
+        section = (
+            "## Run store (CPU)\n\n"
+            f"Command: `python benchmarks/store.py {' '.join(sys.argv[1:])}`.\n\n"
+            f"{text}\n"
+        )
+        current = path.read_text() if path.exists() else "# Benchmarks\n"
+        current = re.sub(r"## Run store \(CPU\)\n.*?(?=\n## |\Z)", "", current, flags=re.S)
+        path.write_text(current.rstrip() + "\n\n" + section)
+
+
+if __name__ == "__main__":
+    main()

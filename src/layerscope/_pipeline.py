@@ -1,0 +1,130 @@
+"""The writer thread: finishes flushes off the training thread and feeds the sinks.
+
+The training thread only submits: a batch of readings whose device copy is under way, a list
+of call events, a flush request. The writer waits for the copies, merges and finalises the
+readings, and writes them to the sinks, flushing those every ``flush_steps`` recorded steps or
+``flush_seconds`` seconds, whichever comes first. The queue is bounded: when the writer falls
+behind, a new batch is dropped (its rows are counted) rather than blocking training.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from layerscope._errors import FailureCounter
+from layerscope._table import Batch, Merged, finalize_merged, merge_batch
+from layerscope.sinks._base import Records, RunSummary, Sink
+from layerscope.stats import StatSelection
+
+
+@dataclass(frozen=True, slots=True)
+class _Flush:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    make_summary: Callable[[int, int], RunSummary]  # (recorded_rows, dropped_rows) -> summary
+
+
+class Pipeline:
+    """A bounded queue and the thread that empties it into a sink."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        rank: int,
+        selection: StatSelection,
+        failures: FailureCounter,
+        flush_steps: int,
+        flush_seconds: float,
+        queue_size: int = 256,
+    ) -> None:
+        self.sink = sink
+        self.recorded_rows = 0
+        self.dropped_rows = 0
+        self._rank = rank
+        self._selection = selection
+        self._failures = failures
+        self._flush_steps = flush_steps
+        self._flush_seconds = flush_seconds
+        self._queue: queue.Queue[Batch | Records | _Flush | _Stop] = queue.Queue(queue_size)
+        self._carry: Merged | None = None
+        self._thread = threading.Thread(target=self._run, name="layerscope-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, item: Batch | Records) -> None:
+        """Queue a batch or records; drop them, counted, if the writer is too far behind."""
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            readings = item.readings if isinstance(item, Batch) else []
+            self.dropped_rows += len(readings) + len(item.scalars)
+            self._failures.record("writing", RuntimeError("the writer fell behind"))
+
+    def drain(self) -> None:
+        """Wait until everything submitted so far is written and flushed."""
+        self._queue.put(_Flush())
+        self._queue.join()
+
+    def close(self, make_summary: Callable[[int, int], RunSummary]) -> None:
+        """Write what is left, close the sink and stop the thread."""
+        self._queue.put(_Stop(make_summary))
+        self._thread.join()
+
+    def _run(self) -> None:
+        last_flush = time.monotonic()
+        steps_since_flush = 0
+        while True:
+            wait = self._flush_seconds - (time.monotonic() - last_flush)
+            try:
+                item = self._queue.get(timeout=max(wait, 0.0))
+            except queue.Empty:
+                self._guarded("flushing", self.sink.flush)
+                last_flush, steps_since_flush = time.monotonic(), 0
+                continue
+            try:
+                if isinstance(item, _Stop):
+                    self._guarded("flushing", self.sink.flush)
+                    summary = item.make_summary(self.recorded_rows, self.dropped_rows)
+                    self._guarded("closing the run", self.sink.close, summary)
+                    return
+                if isinstance(item, Batch):
+                    self._guarded("finalising a flush", self._process, item)
+                    steps_since_flush += item.final
+                elif isinstance(item, Records):
+                    self._guarded("writing", self.sink.write, item)
+                due = time.monotonic() - last_flush >= self._flush_seconds
+                if isinstance(item, _Flush) or steps_since_flush >= self._flush_steps or due:
+                    self._guarded("flushing", self.sink.flush)
+                    last_flush, steps_since_flush = time.monotonic(), 0
+            finally:
+                self._queue.task_done()
+
+    def _process(self, batch: Batch) -> None:
+        try:
+            merged, scalars = merge_batch(batch, self._carry)
+        except Exception:
+            self._carry = None
+            self.dropped_rows += len(batch.readings)
+            raise
+        self._carry = None if batch.final else merged
+        stats = None
+        if batch.final and merged is not None:
+            stats = finalize_merged(merged, self._rank, self._selection)
+            self.recorded_rows += len(stats)
+        if stats is not None or scalars:
+            self.sink.write(Records(stats=stats, scalars=scalars))
+
+    def _guarded(self, where: str, action: Callable[..., None], *args: Any) -> None:
+        # Nothing may escape: a dead writer would leave the training thread waiting forever.
+        try:
+            action(*args)
+        except Exception as error:
+            self._failures.record(where, error)

@@ -1,0 +1,110 @@
+"""The sink protocol: where finalised statistics go, and the do-nothing and fan-out sinks.
+
+A sink gets ``start(info)`` once, ``write(records)`` for every finished flush, ``flush()`` at
+the store's cadence and whenever a reader asks for everything so far, and ``close(summary)``
+at the end. All but ``start`` run on layerscope's writer thread, never in the training loop's
+hot path; a sink imports its heavy packages in ``start``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from layerscope._modules import CallEvent, ModuleInfo
+from layerscope._table import Chunk
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What a sink knows of the run when it starts."""
+
+    id: str
+    name: str
+    started: float  # seconds since the epoch
+    rank: int
+    config: dict[str, Any]
+    modules: list[ModuleInfo]
+    histogram_edges: list[float] | None  # lower edge of each histogram slot, for readers
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """How the run ended, for ``close``."""
+
+    status: str  # "finished" or "failed"
+    ended: float
+    steps: int
+    recorded_rows: int
+    dropped_rows: int
+    failures: int
+
+
+@dataclass(slots=True)
+class Records:
+    """Finalised rows of one flush: statistics, scalars, and the call order once."""
+
+    stats: Chunk | None = None
+    scalars: list[tuple[int, str, float]] = field(default_factory=list)
+    calls: list[CallEvent] = field(default_factory=list)
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """Where layerscope's records go."""
+
+    def start(self, info: RunInfo) -> None:
+        """Prepare for the run; raise here for a destination that cannot work at all."""
+
+    def write(self, records: Records) -> None:
+        """Take the rows of one flush."""
+
+    def flush(self) -> None:
+        """Make everything written so far durable or visible."""
+
+    def close(self, summary: RunSummary) -> None:
+        """Finish the run."""
+
+
+class NullSink:
+    """A sink that drops everything: for ranks that do not log, and as a default."""
+
+    def start(self, info: RunInfo) -> None:
+        """Nothing to prepare."""
+
+    def write(self, records: Records) -> None:
+        """Drop the records."""
+
+    def flush(self) -> None:
+        """Nothing to flush."""
+
+    def close(self, summary: RunSummary) -> None:
+        """Nothing to close."""
+
+
+class FanOut:
+    """Several sinks as one, so the writer never asks which ones exist."""
+
+    def __init__(self, sinks: Sequence[Sink]) -> None:
+        self.sinks = list(sinks)
+
+    def start(self, info: RunInfo) -> None:
+        """Start every sink; if one fails, those started are closed again."""
+        for sink in self.sinks:
+            sink.start(info)
+
+    def write(self, records: Records) -> None:
+        """Give the records to every sink."""
+        for sink in self.sinks:
+            sink.write(records)
+
+    def flush(self) -> None:
+        """Flush every sink."""
+        for sink in self.sinks:
+            sink.flush()
+
+    def close(self, summary: RunSummary) -> None:
+        """Close every sink."""
+        for sink in self.sinks:
+            sink.close(summary)

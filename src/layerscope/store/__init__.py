@@ -1,0 +1,11 @@
+"""The run store: a directory of Parquet tables that DuckDB and pandas read.
+
+``watch(model, run="runs/exp1")`` writes it through a ``ParquetStore``; ``load(path)`` reads
+it back as a ``Run``; ``runs(root)`` lists the runs under a folder. Needs
+``layerscope[dataframe]``.
+"""
+
+from layerscope.store._reader import Run, load, runs
+from layerscope.store._writer import ParquetStore
+
+__all__ = ["ParquetStore", "Run", "load", "runs"]

@@ -1,0 +1,267 @@
+"""ParquetStore: the run directory, written as a sink on layerscope's writer thread."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import platform
+import socket
+import sys
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from layerscope._imports import require
+from layerscope.sinks._base import Records, RunInfo, RunSummary
+from layerscope.store._layout import (
+    CALLS_FILE,
+    MODULES_FILE,
+    RUN_FILE,
+    SCHEMA_VERSION,
+    SEGMENTED_TABLES,
+    compacted_name,
+    files_to_read,
+    next_segment,
+    segment_name,
+    segment_range,
+)
+
+
+class ParquetStore:
+    """Writes a run directory that ``layerscope.load`` reads, also while it is being written.
+
+    Rows gather in memory and are written as a Parquet segment per table every
+    ``flush_steps`` recorded steps or ``flush_seconds`` seconds, whichever comes first. A
+    segment becomes visible by an atomic rename, so a crash loses at most the rows since the
+    last flush. ``close`` compacts each table into one file. An ``OSError`` (a full disk, a
+    vanished directory) drops the rows of that flush, counts them in ``run.json`` and warns
+    once; training goes on.
+
+    Args:
+        path: the run's directory: a local path or an fsspec URL (``memory://``, ``s3://``...).
+            It must not hold a run already.
+        flush_steps: write a segment after this many recorded steps.
+        flush_seconds: write a segment at least this often while rows wait.
+        name: the run's name; the directory's name by default.
+
+    Example:
+        >>> import torch, layerscope
+        >>> model = torch.nn.Linear(2, 2)
+        >>> store = layerscope.store.ParquetStore("memory://doc/run-a", flush_steps=1)
+        >>> with layerscope.watch(model, every=1, run=store) as scope:
+        ...     model(torch.ones(1, 2)).sum().backward()
+        ...     scope.step(loss=0.25)
+        >>> run = layerscope.load("memory://doc/run-a")
+        >>> run.meta["status"], len(run.stats), run.scalars.value.tolist()
+        ('finished', 6, [0.25])
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        flush_steps: int = 10,
+        flush_seconds: float = 5.0,
+        name: str | None = None,
+    ) -> None:
+        if not isinstance(path, str | os.PathLike):
+            raise TypeError(f"run: expected a path or URL, got {type(path).__name__}")
+        if not isinstance(flush_steps, int) or flush_steps < 1:
+            raise ValueError(f"flush_steps: expected an int >= 1, got {flush_steps!r}")
+        if not flush_seconds > 0:
+            raise ValueError(f"flush_seconds: expected seconds > 0, got {flush_seconds!r}")
+        self.path = os.fspath(path)
+        self.flush_steps = flush_steps
+        self.flush_seconds = float(flush_seconds)
+        self.name = name or self.path.rstrip("/").rsplit("/", 1)[-1]
+        self.dropped_rows = 0
+        self._pending: dict[str, list[Any]] = {table: [] for table in SEGMENTED_TABLES}
+        self._calls: Any = None
+        self._segments: dict[str, int] = {}
+        self._meta: dict[str, Any] = {}
+        self._written_rows = 0
+        self._steps = 0
+
+    def __repr__(self) -> str:
+        return f"ParquetStore({self.path!r})"
+
+    # ------------------------------------------------------------------ the Sink protocol
+
+    def start(self, info: RunInfo) -> None:
+        """Create the directory and write ``run.json`` and ``modules.json``."""
+        require("pyarrow", "dataframe")
+        fsspec = require("fsspec", "dataframe")
+        self._fs, self._root = fsspec.core.url_to_fs(self.path)
+        if self._fs.exists(self._join(RUN_FILE)):
+            raise FileExistsError(
+                f"run: {self.path} already holds a run; layerscope never overwrites one. "
+                f"Pass a new directory."
+            )
+        for table in SEGMENTED_TABLES:
+            self._fs.makedirs(self._join(table), exist_ok=True)
+            self._segments[table] = next_segment(self._list(table))
+        self._meta = {
+            "schema": SCHEMA_VERSION,
+            "id": info.id,
+            "name": self.name,
+            "status": "running",
+            "started": info.started,
+            "ended": None,
+            "updated": time.time(),
+            "user": _user(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "rank": info.rank,
+            "versions": {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "layerscope": _layerscope_version(),
+            },
+            "argv": list(sys.argv),
+            "config": info.config,
+            "histogram_edges": info.histogram_edges,
+            "steps": 0,
+            "recorded_rows": 0,
+            "written_rows": 0,
+            "dropped_rows": 0,
+            "failures": 0,
+        }
+        modules = [module.to_dict() for module in info.modules]
+        self._write_bytes(MODULES_FILE, json.dumps(modules, indent=1).encode())
+        self._write_meta()
+
+    def write(self, records: Records) -> None:
+        """Convert the records to Arrow; they are written at the next flush."""
+        from layerscope.store._arrow import calls_table, scalars_table, stats_table
+
+        if records.stats is not None and len(records.stats):
+            self._pending["stats"].append(stats_table(records.stats))
+            self._steps = max(self._steps, max(records.stats.columns["step"]) + 1)
+        if records.scalars:
+            self._pending["scalars"].append(scalars_table(records.scalars))
+            self._steps = max(self._steps, max(step for step, _, _ in records.scalars) + 1)
+        if records.calls:
+            self._calls = calls_table(records.calls)
+
+    def flush(self) -> None:
+        """Write one segment per table that has rows waiting, then refresh ``run.json``."""
+        pyarrow = require("pyarrow", "dataframe")
+        for table, pieces in self._pending.items():
+            if not pieces:
+                continue
+            self._pending[table] = []
+            data = pyarrow.concat_tables(pieces, promote_options="permissive")
+            index = self._segments[table]
+            try:
+                self._write_table(f"{table}/{segment_name(index)}", data)
+            except OSError:
+                self.dropped_rows += data.num_rows
+                raise
+            self._segments[table] = index + 1
+            self._written_rows += data.num_rows if table == "stats" else 0
+        if self._calls is not None:
+            calls, self._calls = self._calls, None
+            self._write_table(CALLS_FILE, calls)
+        self._meta.update(
+            updated=time.time(),
+            steps=self._steps,
+            written_rows=self._written_rows,
+            dropped_rows=self.dropped_rows,
+        )
+        self._write_meta()
+
+    def close(self, summary: RunSummary) -> None:
+        """Write what waits, compact each table into one file and record how the run ended."""
+        try:
+            self.flush()
+        finally:
+            for table in SEGMENTED_TABLES:
+                self._compact(table)
+            self._meta.update(
+                status=summary.status,
+                ended=summary.ended,
+                updated=time.time(),
+                steps=max(self._steps, summary.steps),
+                recorded_rows=summary.recorded_rows,
+                written_rows=self._written_rows,
+                dropped_rows=self.dropped_rows + summary.dropped_rows,
+                failures=summary.failures,
+            )
+            self._write_meta()
+
+    # ------------------------------------------------------------------ files
+
+    def _compact(self, table: str) -> None:
+        """Merge a table's files into one; the segments go only once the merged file is in."""
+        pyarrow = require("pyarrow", "dataframe")
+        parquet = require("pyarrow.parquet", "dataframe")
+        names = files_to_read(self._list(table))
+        if len(names) < 2:
+            return
+        spans = [segment_range(name) for name in names]
+        first, last = spans[0][0], spans[-1][1]  # type: ignore[index]  # files_to_read keeps table files only
+        pieces = []
+        for name in names:
+            with self._fs.open(self._join(f"{table}/{name}"), "rb") as file:
+                pieces.append(parquet.read_table(file))
+        merged = pyarrow.concat_tables(pieces, promote_options="permissive")
+        self._write_table(f"{table}/{compacted_name(first, last)}", merged)
+        for name in names:
+            self._fs.rm(self._join(f"{table}/{name}"))
+
+    def _write_table(self, relative: str, data: Any) -> None:
+        parquet = require("pyarrow.parquet", "dataframe")
+        metadata = {b"layerscope.schema": str(SCHEMA_VERSION).encode()}
+        data = data.replace_schema_metadata({**(data.schema.metadata or {}), **metadata})
+        strings = [f.name for f in data.schema if str(f.type) == "string"]
+        self._atomic(
+            relative,
+            lambda file: parquet.write_table(
+                data, file, compression="zstd", use_dictionary=strings or False
+            ),
+        )
+
+    def _write_meta(self) -> None:
+        self._write_bytes(RUN_FILE, json.dumps(self._meta, indent=1, default=str).encode())
+
+    def _write_bytes(self, relative: str, payload: bytes) -> None:
+        self._atomic(relative, lambda file: file.write(payload))
+
+    def _atomic(self, relative: str, write: Any) -> None:
+        """Write to a hidden temporary name, then rename: readers see all of it or nothing."""
+        final = self._join(relative)
+        directory, _, name = final.rpartition("/")
+        temporary = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            with self._fs.open(temporary, "wb") as file:
+                write(file)
+            self._fs.mv(temporary, final)
+        except BaseException:
+            if self._fs.exists(temporary):
+                self._fs.rm(temporary)
+            raise
+
+    def _list(self, table: str) -> list[str]:
+        return [
+            path.rstrip("/").rsplit("/", 1)[-1]
+            for path in self._fs.ls(self._join(table), detail=False)
+        ]
+
+    def _join(self, relative: str) -> str:
+        return f"{self._root.rstrip('/')}/{relative}"
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""
+
+
+def _layerscope_version() -> str:
+    from layerscope import __version__
+
+    return __version__

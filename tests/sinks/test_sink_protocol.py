@@ -1,0 +1,82 @@
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope
+from layerscope import LayerscopeWarning
+from layerscope.sinks import MemorySink, NullSink, Records, RunInfo, RunSummary, Sink
+
+
+class Recording:
+    def __init__(self):
+        self.calls = []
+
+    def start(self, info: RunInfo):
+        self.calls.append(("start", info.name, len(info.modules)))
+
+    def write(self, records: Records):
+        rows = len(records.stats) if records.stats is not None else 0
+        self.calls.append(("write", rows, len(records.scalars), len(records.calls)))
+
+    def flush(self):
+        self.calls.append(("flush",))
+
+    def close(self, summary: RunSummary):
+        self.calls.append(("close", summary.status, summary.steps, summary.recorded_rows))
+
+
+def _two_steps(sinks, every=1):
+    model = nn.Linear(3, 2)
+    with layerscope.watch(model, every=every, sinks=sinks) as scope:
+        for step in range(2):
+            model(torch.ones(1, 3)).sum().backward()
+            scope.step(loss=float(step))
+    return scope
+
+
+def test_a_user_sink_sees_start_writes_flushes_and_close_in_order():
+    sink = Recording()
+    assert isinstance(sink, Sink)
+    scope = _two_steps([sink])
+    kinds = [call[0] for call in sink.calls]
+    assert kinds[0] == "start"
+    assert kinds[-1] == "close"
+    assert "flush" in kinds
+    written = [call for call in sink.calls if call[0] == "write"]
+    assert sum(call[1] for call in written) == len(scope.frame()) == 2 * 6
+    assert sum(call[2] for call in written) == 2
+    assert sum(call[3] for call in written) == 2  # enter and exit of the one module
+    assert sink.calls[-1] == ("close", "finished", 2, 12)
+
+
+def test_memory_and_null_sinks():
+    memory = MemorySink()
+    scope = _two_steps([memory, NullSink()])
+    assert memory.scalars == [(0, "loss", 0.0), (1, "loss", 1.0)]
+    assert sum(len(chunk) for chunk in memory.chunks) == len(scope.frame())
+    assert memory.summary.status == "finished"
+
+
+def test_something_that_is_not_a_sink_is_rejected():
+    with pytest.raises(TypeError, match="sinks"):
+        layerscope.watch(nn.Linear(2, 2), sinks=[object()])
+    with pytest.raises(TypeError, match="sinks"):
+        layerscope.watch(nn.Linear(2, 2), sinks=3)
+
+
+def test_a_failing_sink_warns_once_and_training_and_other_sinks_go_on():
+    class Broken(Recording):
+        def write(self, records):
+            raise RuntimeError("sink is down")
+
+    memory = MemorySink()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scope = _two_steps([Broken(), memory])
+    ours = [w for w in caught if issubclass(w.category, LayerscopeWarning)]
+    assert len(ours) == 1
+    assert "sink is down" in str(ours[0].message)
+    assert scope.failures >= 2
+    assert len(scope.frame()) == 12  # the in-memory record is whole

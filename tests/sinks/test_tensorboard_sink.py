@@ -1,0 +1,46 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope
+
+pytest.importorskip("tensorboard")
+
+
+def test_event_file_holds_scalars_statistics_and_histograms(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+    sink = layerscope.sinks.TensorBoard(tmp_path)
+    with layerscope.watch(model, every=1, sinks=[sink]) as scope:
+        for step in range(3):
+            model(torch.randn(5, 4)).sum().backward()
+            scope.step(loss=float(step) / 2)
+    frame = scope.frame()
+
+    events = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0, "scalars": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(0, 0.0), (1, 0.5), (2, 1.0)]
+    tags = set(events.Tags()["scalars"])
+    for module, kind, tensor in frame[["module", "kind", "tensor"]].itertuples(index=False):
+        assert f"train/{kind}/{module}/{tensor}/mean" in tags
+    weight = frame.query("module == '0' and kind == 'weight' and tensor == 'weight'")
+    logged = events.Scalars("train/weight/0/weight/std")
+    assert [e.value for e in logged] == pytest.approx(weight["std"].tolist(), rel=1e-6)
+
+    histogram = events.Histograms("train/activation/1/out")[-1].histogram_value
+    row = frame.query("module == '1' and kind == 'activation' and step == 2").iloc[0]
+    assert histogram.num == row["numel"] == 40
+    nonzero = [int(c) for c in row["hist"] if c]
+    assert [int(c) for c in histogram.bucket if c] == nonzero
+    assert math.isclose(histogram.max, row["absmax"], rel_tol=1e-6)
+
+
+def test_tensorboard_needs_its_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    with pytest.raises(ImportError, match=r"layerscope\[tensorboard\]"):
+        layerscope.watch(nn.Linear(2, 2), sinks=[layerscope.sinks.TensorBoard("unused")])

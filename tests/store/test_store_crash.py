@@ -1,0 +1,53 @@
+"""A run survives its process being killed: everything flushed before the kill loads."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import layerscope
+
+pytest.importorskip("pyarrow")
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time, torch, layerscope
+    from layerscope.store import ParquetStore
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    store = ParquetStore(sys.argv[1], flush_steps=1, flush_seconds=0.1)
+    scope = layerscope.watch(model, every=1, run=store)
+    for step in range(100_000):
+        model(torch.randn(2, 4)).sum().backward()
+        scope.step(loss=float(step))
+        scope._pipeline.drain()  # the step is on disk once this returns
+        print(step, flush=True)
+        time.sleep(0.01)
+    """
+)
+
+
+def test_a_killed_run_loads_with_every_flushed_step_and_says_it_crashed(tmp_path):
+    path = tmp_path / "run"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        flushed = -1
+        while flushed < 5:
+            line = child.stdout.readline()
+            assert line, "the child exited early"
+            flushed = int(line)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+        child.stdout.close()
+    run = layerscope.load(path)
+    assert run.meta["status"] == "crashed"
+    steps = sorted(set(run.stats.step))
+    assert steps[: flushed + 1] == list(range(flushed + 1))
+    assert set(range(flushed + 1)) <= set(run.scalars.step)
+    assert run.sql("select count(*) n from stats").n.item() == len(run.stats)

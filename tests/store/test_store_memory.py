@@ -1,0 +1,45 @@
+import gc
+import tracemalloc
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope
+from layerscope.store import ParquetStore
+
+pytest.importorskip("pyarrow")
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_over_100_000_steps(tmp_path):
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 8)
+    store = ParquetStore(tmp_path / "r", flush_steps=50, flush_seconds=60)
+    scope = layerscope.watch(model, optimizer=optimizer, every=100, run=store)
+
+    def train(steps):
+        for _ in range(steps):
+            if scope.current_step % 100 == 0:  # the recorded steps train for real
+                model(x).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scope.step(loss=0.5)
+
+    train(20_000)
+    scope._pipeline.drain()
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    train(80_000)
+    scope._pipeline.drain()
+    gc.collect()
+    growth = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    scope.close()
+    assert growth < 256 * 1024, f"grew by {growth} bytes over 80,000 steps"
+    run = layerscope.load(tmp_path / "r")
+    assert run.meta["steps"] == 100_000
+    assert len(run.scalars) == 100_000
+    assert sorted(set(run.stats.step)) == list(range(0, 100_000, 100))
