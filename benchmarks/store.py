@@ -4,7 +4,7 @@
     python benchmarks/store.py --write    # also updates the store section of BENCHMARKS.md
 
 - write: stat rows per second through ParquetStore.write + flush (Arrow conversion, trimmed
-  histograms, zstd Parquet segments, atomic renames), from chunks of finalised rows;
+  histograms, lz4 Parquet segments, atomic renames), from chunks of finalised rows;
 - finalise + write: the whole writer-thread path from device readings (merging, finalising)
   to Parquet, as the writer thread runs it;
 - query: one module's series (step, mean) out of 10 million rows with ``Run.sql``, median of

@@ -220,7 +220,7 @@ class ParquetStore:
         self._atomic(
             relative,
             lambda file: parquet.write_table(
-                data, file, compression="zstd", use_dictionary=strings or False
+                data, file, compression="lz4", use_dictionary=strings or False
             ),
         )
 
