@@ -26,7 +26,16 @@ import torch
 import layerscope
 from layerscope._buffer import HostCopy
 from layerscope._kinds import Kind
-from layerscope._table import Batch, Chunk, Reading, finalize_merged, merge_batch
+from layerscope._table import (
+    Batch,
+    Chunk,
+    Form,
+    Identities,
+    Identity,
+    Reading,
+    finalize_merged,
+    merge_batch,
+)
 from layerscope.sinks import Records, RunInfo, RunSummary
 from layerscope.stats import WIDTH, StatSelection, finalize
 from layerscope.store import ParquetStore
@@ -52,26 +61,37 @@ def _partials(rows: int, generator: torch.Generator) -> tuple[torch.Tensor, torc
     return partials, hist
 
 
-def _chunk(first_step: int, rows: int, generator: torch.Generator) -> Chunk:
-    per_step = len(MODULES) * len(KINDS)
+def _identities() -> tuple[Identities, list[int]]:
+    """A 60-module model's identities, 4 kinds each: the rows of one recorded step."""
+    identities = Identities()
+    codes = [
+        identities.code(Identity("train", module, "Linear", Kind(kind), "out", 0))
+        for module in MODULES
+        for kind in KINDS
+    ]
+    identities.form_code(Form("bfloat16", (8, 128, 768)))
+    return identities, codes
+
+
+def _chunk(
+    first_step: int, rows: int, generator: torch.Generator, identities: Identities, codes: list[int]
+) -> Chunk:
+    per_step = len(codes)
     partials, hist = _partials(rows, generator)
     stats = finalize(partials)
-    index = range(rows)
-    columns = {
-        "step": [first_step + i // per_step for i in index],
-        "phase": ["train"] * rows,
-        "rank": [0] * rows,
-        "module": [MODULES[(i // len(KINDS)) % len(MODULES)] for i in index],
-        "module_type": ["Linear"] * rows,
-        "kind": [KINDS[i % len(KINDS)] for i in index],
-        "tensor": ["out"] * rows,
-        "call": [0] * rows,
-        "dtype": ["bfloat16"] * rows,
-        "shape": [(8, 128, 768)] * rows,
-        "numel": stats["numel"],
-        **{name: stats[name] for name in layerscope.stats.BUILTIN_STATS if name != "hist"},
-    }
-    return Chunk(columns=columns, hist=hist, hist_valid=[True] * rows)
+    index = torch.arange(rows)
+    return Chunk(
+        step=first_step + index // per_step,
+        identity=torch.tensor(codes)[index % per_step],
+        form=torch.zeros(rows, dtype=torch.int64),
+        identities=identities,
+        rank=0,
+        stats={
+            "numel": stats["numel"],
+            **{name: stats[name] for name in layerscope.stats.BUILTIN_STATS if name != "hist"},
+        },
+        hist=hist.double(),
+    )
 
 
 def _info() -> RunInfo:
@@ -100,8 +120,12 @@ def _summary(steps: int, rows: int) -> RunSummary:
 def write_rate(directory: Path, rows: int, chunk_rows: int, flush_every: int) -> float:
     """Chunks as the writer gets them (one recorded step each), a segment every few steps."""
     generator = torch.Generator().manual_seed(0)
+    identities, codes = _identities()
     count = rows // chunk_rows
-    chunks = [_chunk(i * chunk_rows // 240, chunk_rows, generator) for i in range(count)]
+    chunks = [
+        _chunk(i * chunk_rows // len(codes), chunk_rows, generator, identities, codes)
+        for i in range(count)
+    ]
     store = ParquetStore(directory / "write")
     store.start(_info())
     start = time.perf_counter()
@@ -119,35 +143,21 @@ def finalise_and_write_rate(directory: Path, steps: int) -> float:
     """Readings of a 60-module model, 4 kinds, one step per batch, through the writer path."""
     generator = torch.Generator().manual_seed(1)
     per_step = len(MODULES) * len(KINDS)
+    identities, codes = _identities()
     store = ParquetStore(directory / "finalise")
     store.start(_info())
     batches = []
     for step in range(steps):
         partials, hist = _partials(per_step, generator)
         payload = torch.cat([partials, hist.double()], dim=1).reshape(-1)
-        readings = [
-            Reading(
-                step,
-                "train",
-                MODULES[i // 4],
-                "Linear",
-                Kind(KINDS[i % 4]),
-                "out",
-                0,
-                "bfloat16",
-                (8, 128, 768),
-                0,
-                i,
-            )
-            for i in range(per_step)
-        ]
+        readings = [Reading(step, codes[i], 0, 0, i, False) for i in range(per_step)]
         batches.append(Batch(readings, {0: HostCopy(payload, per_step, WIDTH + 256, None)}))
     selection = StatSelection()
     start = time.perf_counter()
     for index, batch in enumerate(batches):
         merged, _ = merge_batch(batch, None)
         assert merged is not None
-        store.write(Records(stats=finalize_merged(merged, 0, selection)))
+        store.write(Records(stats=finalize_merged(merged, 0, selection, identities)))
         if index % 10 == 9:
             store.flush()
     store.flush()
@@ -158,12 +168,13 @@ def finalise_and_write_rate(directory: Path, steps: int) -> float:
 
 def query_time(directory: Path, rows: int, repeats: int) -> tuple[float, int]:
     generator = torch.Generator().manual_seed(2)
+    identities, codes = _identities()
     store = ParquetStore(directory / "query")
     store.start(_info())
     chunk_rows = 1_000_080  # whole steps of 240 rows
     written = 0
     while written < rows:
-        store.write(Records(stats=_chunk(written // 240, chunk_rows, generator)))
+        store.write(Records(stats=_chunk(written // 240, chunk_rows, generator, identities, codes)))
         store.flush()
         written += chunk_rows
     store.close(_summary(written // 240, written))

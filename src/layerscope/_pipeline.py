@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from layerscope._errors import FailureCounter
-from layerscope._table import Batch, Merged, finalize_merged, merge_batch
+from layerscope._table import Batch, Identities, Merged, finalize_merged, merge_batch
 from layerscope.sinks._base import Records, RunSummary, Sink
 from layerscope.stats import StatSelection
 
@@ -41,6 +41,7 @@ class Pipeline:
         *,
         rank: int,
         selection: StatSelection,
+        identities: Identities,
         failures: FailureCounter,
         flush_steps: int,
         flush_seconds: float,
@@ -51,6 +52,7 @@ class Pipeline:
         self.dropped_rows = 0
         self._rank = rank
         self._selection = selection
+        self._identities = identities
         self._failures = failures
         self._flush_steps = flush_steps
         self._flush_seconds = flush_seconds
@@ -117,7 +119,7 @@ class Pipeline:
         self._carry = None if batch.final else merged
         stats = None
         if batch.final and merged is not None:
-            stats = finalize_merged(merged, self._rank, self._selection)
+            stats = finalize_merged(merged, self._rank, self._selection, self._identities)
             self.recorded_rows += len(stats)
         if stats is not None or scalars:
             self.sink.write(Records(stats=stats, scalars=scalars))

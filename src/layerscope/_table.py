@@ -1,10 +1,12 @@
 """From readings on the device to rows of statistics on the host.
 
-A reading is the metadata of one recorded tensor; its partials wait in a ``DeviceRows`` buffer.
-At a flush the buffers come to the host in one copy each, readings of the same
-(step, phase, module, kind, tensor, call) are merged (forward and backward kinds: micro-batches
-and eval batches of a step add up) or replaced (parameter and buffer kinds: the last reading of
-a step is the one after accumulation), and the merged partials are finalised.
+A reading is one recorded tensor: its step, its identity (phase, module, kind, tensor, call,
+dtype, shape, interned once as a small integer) and where its partials wait in a
+``DeviceRows`` buffer. At a flush the buffers come to the host in one copy each, readings of
+the same step and identity are merged (forward and backward kinds: micro-batches and eval
+batches of a step add up) or replaced (parameter and buffer kinds: the last reading of a step
+is the one after accumulation), and the merged partials are finalised. Key columns stay
+integer codes until a consumer asks for them, so writers build them without a Python loop.
 """
 
 from __future__ import annotations
@@ -17,29 +19,101 @@ import torch
 from torch import Tensor
 
 from layerscope._buffer import HostCopy
-from layerscope._kinds import STATE_KINDS, Kind
+from layerscope._kinds import Kind
 from layerscope.stats import WIDTH, StatSelection, finalize, merge_groups
 
 KEY_COLUMNS = ("step", "phase", "rank", "module", "module_type", "kind", "tensor", "call")
 META_COLUMNS = ("dtype", "shape", "numel")
+IDENTITY_COLUMNS = ("phase", "module", "module_type", "kind", "tensor", "call")
+FORM_COLUMNS = ("dtype", "shape")
 
 
-class Reading(NamedTuple):
-    """Metadata of one recorded tensor; its partials are row ``row`` of buffer ``buffer``."""
+class Identity(NamedTuple):
+    """What a row is about: readings with the same step and identity merge into one row."""
 
-    step: int
     phase: str
     module: str
     module_type: str
     kind: Kind
     tensor: str
     call: int
+
+
+class Form(NamedTuple):
+    """The dtype and shape of a reading; a merged row shows its first reading's."""
+
     dtype: str
     shape: tuple[int, ...]
+
+    @property
+    def has_histogram(self) -> bool:
+        """Floating dtypes have histograms; counts-only dtypes do not."""
+        return self.dtype.startswith(("float", "bfloat"))
+
+
+class _Interned:
+    """Values each given a small integer code once.
+
+    The training thread adds values; the writer thread reads those that readings refer to.
+    Appending to and indexing a list are atomic, so neither needs a lock.
+    """
+
+    def __init__(self) -> None:
+        self._codes: dict[Any, int] = {}
+        self.rows: list[Any] = []
+
+    def code(self, value: Any) -> int:
+        """The code of ``value``, given now if it is new."""
+        code = self._codes.get(value)
+        if code is None:
+            code = len(self.rows)
+            self.rows.append(value)
+            self._codes[value] = code
+        return code
+
+
+class Identities:
+    """The interned identities and forms of a scope's rows.
+
+    ``cache`` holds views that consumers derive from them (such as Arrow arrays).
+    """
+
+    def __init__(self) -> None:
+        self._identities = _Interned()
+        self._forms = _Interned()
+        self.cache: dict[str, Any] = {}
+
+    @property
+    def identities(self) -> list[Identity]:
+        """Every identity, by code."""
+        return self._identities.rows
+
+    @property
+    def forms(self) -> list[Form]:
+        """Every form, by code."""
+        return self._forms.rows
+
+    def code(self, identity: Identity) -> int:
+        """The code of ``identity``, given now if it is new."""
+        return self._identities.code(identity)
+
+    def form_code(self, form: Form) -> int:
+        """The code of ``form``, given now if it is new."""
+        return self._forms.code(form)
+
+
+class Reading(NamedTuple):
+    """One recorded tensor; its partials are row ``row`` of buffer ``buffer``."""
+
+    step: int
+    identity: int
+    form: int
     buffer: int
     row: int
-    # (name, offset, length, is_scalar) of each custom statistic in the buffer's loose values
-    custom: tuple[tuple[str, int, int, bool], ...] = ()
+    replaces: bool  # a parameter or buffer kind: the latest reading of a step wins
+    # (name, offset, length, is_scalar, numel) of each custom statistic in the buffer's loose
+    # values; numel weighs it when readings merge
+    custom: tuple[tuple[str, int, int, bool, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -67,23 +141,54 @@ _CustomSum = tuple[Tensor | None, float, bool]
 
 @dataclass(slots=True)
 class Merged:
-    """Readings merged on the host but not finalised: one row per group."""
+    """Readings merged on the host but not finalised: one row per (step, identity)."""
 
-    first: list[Reading]  # metadata of each group: its first reading
+    keys: list[tuple[int, int]]  # (step, identity) of each row
+    forms: list[int]  # form of each row's first reading
     rows: Tensor  # (groups, row_width) float64: merged partials, then histogram counts
     custom: list[dict[str, _CustomSum]]
 
 
 @dataclass(slots=True)
 class Chunk:
-    """Finalised rows of one step, column by column."""
+    """Finalised rows of one flush: integer keys, statistics and histograms as arrays."""
 
-    columns: dict[str, Sequence[Any] | Tensor]
-    hist: Tensor | None = None  # (rows, slots) int64 counts, if histograms are kept
-    hist_valid: list[bool] = field(default_factory=list)  # False: counts-only dtype, no counts
+    step: Tensor  # (rows,) int64
+    identity: Tensor  # (rows,) int64 codes of ``identities.identities``
+    form: Tensor  # (rows,) int64 codes of ``identities.forms``
+    identities: Identities
+    rank: int
+    stats: dict[str, Tensor]  # numel and the built-in statistics kept, each (rows,)
+    custom: dict[str, list[Any]] = field(default_factory=dict)
+    hist: Tensor | None = None  # (rows, slots) float64 counts (exact below 2**53), if kept
 
     def __len__(self) -> int:
-        return len(self.columns["step"])
+        return int(self.step.shape[0])
+
+    def key_columns(self) -> dict[str, list[Any]]:
+        """``step``, ``rank`` and the identity and form columns, decoded to Python values."""
+        table, forms = self.identities.identities, self.identities.forms
+        rows = [table[code] for code in self.identity.tolist()]
+        shapes = [forms[code] for code in self.form.tolist()]
+        columns: dict[str, list[Any]] = {
+            "step": self.step.tolist(),
+            "rank": [self.rank] * len(rows),
+        }
+        for position, name in enumerate(IDENTITY_COLUMNS):
+            columns[name] = [row[position] for row in rows]
+        columns["kind"] = [kind.value for kind in columns["kind"]]
+        for position, name in enumerate(FORM_COLUMNS):
+            columns[name] = [form[position] for form in shapes]
+        return columns
+
+    def columns(self) -> dict[str, Any]:
+        """Every column but ``hist``, by name: key columns decoded, statistics as tensors."""
+        return {**self.key_columns(), **self.stats, **self.custom}
+
+    def hist_valid(self) -> list[bool]:
+        """Which rows have a histogram (counts-only dtypes do not)."""
+        forms = self.identities.forms
+        return [forms[code].has_histogram for code in self.form.tolist()]
 
 
 def merge_batch(
@@ -91,8 +196,8 @@ def merge_batch(
 ) -> tuple[Merged | None, list[tuple[int, str, float]]]:
     """Wait for the batch's copies and merge its readings, and what ``carry`` holds, by key.
 
-    Readings of forward and backward kinds that share (step, phase, module, kind, tensor,
-    call) merge; for parameter and buffer kinds the latest reading replaces earlier ones.
+    Readings of forward and backward kinds that share step and identity merge; for parameter
+    and buffer kinds the latest reading replaces earlier ones.
     """
     arrived = {buffer: copy.wait() for buffer, copy in batch.copies.items()}
     scalars = [
@@ -109,30 +214,24 @@ def merge_batch(
     if start == 0:
         return None, scalars
 
-    # Each group: the rows it merges, its first reading and its custom statistics.
-    groups: dict[tuple[object, ...], tuple[list[int], Reading, dict[str, _CustomSum]]] = {}
-
-    def add(reading: Reading, row: int, custom: dict[str, _CustomSum]) -> None:
-        key = reading[:7]
+    # Each group: the rows it merges, its form and its custom statistics.
+    groups: dict[tuple[int, int], tuple[list[int], int, dict[str, _CustomSum]]] = {}
+    if carry is not None:
+        for row, (key, form, custom) in enumerate(
+            zip(carry.keys, carry.forms, carry.custom, strict=True)
+        ):
+            groups[key] = ([row], form, dict(custom))
+    for reading in batch.readings:
+        key = (reading.step, reading.identity)
+        row = offsets[reading.buffer] + reading.row
+        custom = _custom_sums(reading, arrived) if reading.custom else {}
         entry = groups.get(key)
-        if entry is None or reading.kind in STATE_KINDS:
-            groups[key] = ([row], entry[1] if entry else reading, dict(custom))
-            return
+        if entry is None or reading.replaces:
+            groups[key] = ([row], reading.form if entry is None else entry[1], custom)
+            continue
         entry[0].append(row)
         for name, value in custom.items():
             entry[2][name] = _add_custom(entry[2].get(name), value)
-
-    if carry is not None:
-        for row, (reading, custom) in enumerate(zip(carry.first, carry.custom, strict=True)):
-            add(reading, row, custom)
-    for reading in batch.readings:
-        values = arrived[reading.buffer][1]
-        weight = float(max(1, _numel(reading.shape)))
-        custom = {
-            name: (values[offset : offset + length] * weight, weight, is_scalar)
-            for name, offset, length, is_scalar in reading.custom
-        }
-        add(reading, offsets[reading.buffer] + reading.row, custom)
 
     all_rows = torch.cat(sources)
     chosen = torch.tensor([row for rows, _, _ in groups.values() for row in rows])
@@ -146,7 +245,8 @@ def merge_batch(
     merged[:, WIDTH:].index_add_(0, group_of, picked[:, WIDTH:])
     return (
         Merged(
-            first=[first for _, first, _ in groups.values()],
+            keys=list(groups),
+            forms=[form for _, form, _ in groups.values()],
             rows=merged,
             custom=[custom for _, _, custom in groups.values()],
         ),
@@ -154,35 +254,39 @@ def merge_batch(
     )
 
 
-def finalize_merged(merged: Merged, rank: int, selection: StatSelection) -> Chunk:
-    """Turn merged partials into the columns of the stats table."""
-    first = merged.first
+def finalize_merged(
+    merged: Merged, rank: int, selection: StatSelection, identities: Identities
+) -> Chunk:
+    """Turn merged partials into a chunk of the stats table."""
+    keys = torch.tensor(merged.keys, dtype=torch.int64).reshape(-1, 2)
     stats = finalize(merged.rows[:, :WIDTH])
-    columns: dict[str, Sequence[Any] | Tensor] = {
-        "step": [r.step for r in first],
-        "phase": [r.phase for r in first],
-        "rank": [rank] * len(first),
-        "module": [r.module for r in first],
-        "module_type": [r.module_type for r in first],
-        "kind": [r.kind.value for r in first],
-        "tensor": [r.tensor for r in first],
-        "call": [r.call for r in first],
-        "dtype": [r.dtype for r in first],
-        "shape": [r.shape for r in first],
-        "numel": stats["numel"],
+    kept = {"numel": stats["numel"]}
+    kept.update({name: stats[name] for name in selection.builtin if name != "hist"})
+    custom = {
+        name: [_custom_value(sums.get(name)) for sums in merged.custom] for name in selection.custom
     }
-    for name in selection.builtin:
-        if name != "hist":
-            columns[name] = stats[name]
-    for name in selection.custom:
-        columns[name] = [_custom_value(custom.get(name)) for custom in merged.custom]
-    if "hist" in selection.builtin and merged.rows.shape[1] > WIDTH:
-        return Chunk(
-            columns=columns,
-            hist=merged.rows[:, WIDTH:].to(torch.int64),
-            hist_valid=[_has_histogram(r.dtype) for r in first],
-        )
-    return Chunk(columns=columns)
+    has_hist = "hist" in selection.builtin and merged.rows.shape[1] > WIDTH
+    return Chunk(
+        step=keys[:, 0],
+        identity=keys[:, 1],
+        form=torch.tensor(merged.forms, dtype=torch.int64),
+        identities=identities,
+        rank=rank,
+        stats=kept,
+        custom=custom,
+        hist=merged.rows[:, WIDTH:] if has_hist else None,
+    )
+
+
+def _custom_sums(
+    reading: Reading, arrived: Mapping[int, tuple[Tensor, Tensor]]
+) -> dict[str, _CustomSum]:
+    values = arrived[reading.buffer][1]
+    sums: dict[str, _CustomSum] = {}
+    for name, offset, length, is_scalar, numel in reading.custom:
+        weight = float(max(1, numel))
+        sums[name] = (values[offset : offset + length] * weight, weight, is_scalar)
+    return sums
 
 
 def _add_custom(total: _CustomSum | None, value: _CustomSum) -> _CustomSum:
@@ -206,46 +310,27 @@ def _custom_value(total: _CustomSum | None) -> float | list[float] | None:
     return float(mean[0]) if is_scalar else [float(v) for v in mean]
 
 
-def _has_histogram(dtype: str) -> bool:
-    return dtype.startswith(("float", "bfloat"))
-
-
 def _value(arrived: Mapping[int, tuple[Tensor, Tensor]], where: tuple[int, int]) -> float:
     buffer, offset = where
     return float(arrived[buffer][1][offset])
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    total = 1
-    for size in shape:
-        total *= size
-    return total
-
-
 def chunks_to_columns(chunks: Sequence[Chunk]) -> dict[str, list[Any]]:
     """All chunks' columns joined as Python lists; ``hist`` holds int64 tensors or None."""
-    names: list[str] = []
-    for chunk in chunks:
-        for name in chunk.columns:
-            if name not in names:
-                names.append(name)
-    joined: dict[str, list[Any]] = {name: [] for name in names}
+    joined: dict[str, list[Any]] = {}
     hist: list[Tensor | None] = []
     for chunk in chunks:
         size = len(chunk)
-        for name in names:
-            column = chunk.columns.get(name)
-            if column is None:
-                joined[name].extend([None] * size)
-            elif isinstance(column, Tensor):
-                joined[name].extend(column.tolist())
-            else:
-                joined[name].extend(column)
+        for name, column in chunk.columns().items():
+            values = column.tolist() if isinstance(column, Tensor) else column
+            joined.setdefault(name, []).extend(values)
         if chunk.hist is None:
             hist.extend([None] * size)
         else:
+            counts = chunk.hist.to(torch.int64)
             hist.extend(
-                h if valid else None for h, valid in zip(chunk.hist, chunk.hist_valid, strict=True)
+                row if valid else None
+                for row, valid in zip(counts, chunk.hist_valid(), strict=True)
             )
     joined["hist"] = hist
     return joined

@@ -25,12 +25,21 @@ from layerscope._config import WatchConfig, check_model
 from layerscope._errors import FailureCounter
 from layerscope._hooks import HookHandles, in_backward, queue_at_backward_end
 from layerscope._imports import require
-from layerscope._kinds import DEFAULT_CAPTURE, Kind
+from layerscope._kinds import DEFAULT_CAPTURE, STATE_KINDS, Kind
 from layerscope._modules import CallEvent, ModuleInfo, module_tree
 from layerscope._pipeline import Pipeline
 from layerscope._schedule import Schedule
 from layerscope._select import select, unwrap
-from layerscope._table import KEY_COLUMNS, META_COLUMNS, Batch, Reading, chunks_to_columns
+from layerscope._table import (
+    KEY_COLUMNS,
+    META_COLUMNS,
+    Batch,
+    Form,
+    Identities,
+    Identity,
+    Reading,
+    chunks_to_columns,
+)
 from layerscope._tree import named_tensors
 from layerscope.sinks._base import FanOut, Records, RunInfo, RunSummary, Sink
 from layerscope.sinks._memory import MemorySink
@@ -107,6 +116,7 @@ class Scope:
         self._closed = False
         self._buffers: dict[torch.device, tuple[int, DeviceRows]] = {}
         self._readings: list[Reading] = []
+        self._identities = Identities()
         self._scalars: list[tuple[int, str, float | tuple[int, int]]] = []
         self._rows_per_flush = ROWS_PER_FLUSH
         self._partial = False  # the current step has flushed part of its readings
@@ -149,6 +159,7 @@ class Scope:
             self._sink,
             rank=self._rank,
             selection=config.stats,
+            identities=self._identities,
             failures=self._failures,
             flush_steps=getattr(store, "flush_steps", 10),
             flush_seconds=getattr(store, "flush_seconds", 5.0),
@@ -502,33 +513,29 @@ class Scope:
         buffer_id, rows = self._rows_on(tensor.device)
         index = rows.append(row, hist)
         custom = self._custom_stats(rows, tensor) if self._custom else ()
+        identity = Identity(phase, target.name, target.module_type, kind, name, call)
+        form = Form(_dtype_name(tensor.dtype), tuple(tensor.shape))
         reading = Reading(
             self._step,
-            phase,
-            target.name,
-            target.module_type,
-            kind,
-            name,
-            call,
-            _dtype_name(tensor.dtype),
-            tuple(tensor.shape),
+            self._identities.code(identity),
+            self._identities.form_code(form),
             buffer_id,
             index,
+            kind in STATE_KINDS,
             custom,
         )
         self._readings.append(reading)
         for owner in also_owned_by:  # tied: computed once, reported under every owner
-            self._readings.append(
-                reading._replace(
-                    module=owner.module, module_type=owner.module_type, tensor=owner.tensor
-                )
+            alias = identity._replace(
+                module=owner.module, module_type=owner.module_type, tensor=owner.tensor
             )
+            self._readings.append(reading._replace(identity=self._identities.code(alias)))
         if len(self._readings) >= self._rows_per_flush:
             self._flush(final=False)
 
     def _custom_stats(
         self, rows: DeviceRows, tensor: Tensor
-    ) -> tuple[tuple[str, int, int, bool], ...]:
+    ) -> tuple[tuple[str, int, int, bool, int], ...]:
         if not tensor.is_floating_point():
             return ()
         out = []
@@ -543,7 +550,7 @@ class Scope:
                             f"returned shape {tuple(value.shape)}, expected 0-d or 1-D"
                         )
                     offset, length = rows.add_values(value)
-                    out.append((name, offset, length, value.dim() == 0))
+                    out.append((name, offset, length, value.dim() == 0, tensor.numel()))
                 except Exception as error:
                     self._fail(f"custom statistic {name!r}", error)
         return tuple(out)

@@ -59,9 +59,10 @@ class TensorBoard:
         chunk = records.stats
         if chunk is None:
             return
-        columns = chunk.columns
+        columns = chunk.columns()
         values = {name: _as_list(columns[name]) for name in self.stats if name in columns}
         steps = _as_list(columns["step"])
+        has_histogram = chunk.hist_valid() if chunk.hist is not None else []
         for row in range(len(chunk)):
             module = columns["module"][row] or "<root>"
             phase, kind = columns["phase"][row], columns["kind"][row]
@@ -70,8 +71,9 @@ class TensorBoard:
                 value = column[row]
                 if value is not None and not (isinstance(value, float) and math.isnan(value)):
                     writer.add_scalar(f"{tag}/{name}", value, steps[row])
-            if self.histograms and chunk.hist is not None and chunk.hist_valid[row]:
-                self._histogram(tag, steps[row], chunk.hist[row].tolist(), columns, row)
+            if self.histograms and chunk.hist is not None and has_histogram[row]:
+                counts = [int(count) for count in chunk.hist[row].tolist()]
+                self._histogram(tag, steps[row], counts, columns, row)
 
     def _histogram(self, tag: str, step: int, counts: list[int], columns: Any, row: int) -> None:
         nonzero = [slot for slot, count in enumerate(counts) if count]

@@ -14,9 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 from layerscope._modules import CallEvent
-from layerscope._table import Chunk
+from layerscope._table import IDENTITY_COLUMNS, Chunk, Identities
 
-_DICTIONARY_COLUMNS = ("phase", "module", "module_type", "kind", "tensor", "dtype")
 _INT_COLUMNS = {
     "step": pa.int64(),
     "rank": pa.int32(),
@@ -43,33 +42,53 @@ CALLS_SCHEMA = pa.schema(
 
 
 def stats_table(chunk: Chunk) -> pa.Table:
-    """One chunk of finalised statistics as an Arrow table."""
-    arrays: dict[str, pa.Array] = {}
-    for name, column in chunk.columns.items():
-        values = column.numpy() if hasattr(column, "numpy") else column
-        if name in _INT_COLUMNS:
-            arrays[name] = pa.array(np.asarray(values), type=_INT_COLUMNS[name])
-        elif name == "shape":
-            arrays[name] = _shape_array(list(values))
-        elif name in _DICTIONARY_COLUMNS:
-            arrays[name] = pa.array(values, type=pa.string())
-        elif isinstance(values, np.ndarray):
-            arrays[name] = pa.array(values, type=pa.float64())
-        else:
-            arrays[name] = _custom_array(values)
+    """One chunk of finalised statistics as an Arrow table.
+
+    Key columns are taken by code from Arrow arrays of the identities and forms, built once
+    per new identity rather than once per row.
+    """
+    lookup = _identity_arrays(chunk.identities)
+    identity, form = pa.array(chunk.identity.numpy()), pa.array(chunk.form.numpy())
+    arrays: dict[str, pa.Array] = {
+        "step": pa.array(chunk.step.numpy(), type=pa.int64()),
+        "phase": lookup["phase"].take(identity),
+        "rank": pa.array(np.full(len(chunk), chunk.rank, dtype=np.int32)),
+    }
+    for name in ("module", "module_type", "kind", "tensor", "call"):
+        arrays[name] = lookup[name].take(identity)
+    for name in ("dtype", "shape"):
+        arrays[name] = lookup[name].take(form)
+    for name, column in chunk.stats.items():
+        arrays[name] = pa.array(column.numpy(), type=_INT_COLUMNS.get(name, pa.float64()))
+    for name, values in chunk.custom.items():
+        arrays[name] = _custom_array(values)
     if chunk.hist is not None:
-        arrays["hist_lo"], arrays["hist"] = _trimmed_histogram(
-            chunk.hist.numpy(), np.asarray(chunk.hist_valid, dtype=bool)
-        )
+        valid = lookup["has_histogram"][chunk.form.numpy()]
+        arrays["hist_lo"], arrays["hist"] = _trimmed_histogram(chunk.hist.numpy(), valid)
     return pa.table(arrays)
 
 
-def _shape_array(shapes: Sequence[tuple[int, ...]]) -> pa.Array:
-    """Shapes repeat from step to step: convert each distinct one once."""
-    codes: dict[tuple[int, ...], int] = {}
-    index = [codes.setdefault(shape, len(codes)) for shape in shapes]
-    distinct = pa.array([list(shape) for shape in codes], type=pa.list_(pa.int64()))
-    return distinct.take(pa.array(index, type=pa.int32()))
+def _identity_arrays(identities: Identities) -> dict[str, Any]:
+    """Arrow arrays of every identity's and form's columns, rebuilt when new ones appeared."""
+    rows, forms = identities.identities, identities.forms
+    count = (len(rows), len(forms))
+    cached = identities.cache.get("arrow")
+    if cached is not None and cached[0] == count:
+        lookup: dict[str, Any] = cached[1]
+        return lookup
+    rows, forms = rows[: count[0]], forms[: count[1]]
+    lookup = {
+        name: pa.array([row[position] for row in rows], type=pa.string())
+        for position, name in enumerate(IDENTITY_COLUMNS)
+        if name not in ("kind", "call")
+    }
+    lookup["kind"] = pa.array([row.kind.value for row in rows], type=pa.string())
+    lookup["call"] = pa.array([row.call for row in rows], type=pa.int32())
+    lookup["dtype"] = pa.array([form.dtype for form in forms], type=pa.string())
+    lookup["shape"] = pa.array([list(form.shape) for form in forms], type=pa.list_(pa.int64()))
+    lookup["has_histogram"] = np.array([form.has_histogram for form in forms], dtype=bool)
+    identities.cache["arrow"] = (count, lookup)
+    return lookup
 
 
 def _custom_array(values: Sequence[Any]) -> pa.Array:
@@ -100,7 +119,7 @@ def _trimmed_histogram(counts: np.ndarray, valid: np.ndarray) -> tuple[pa.Array,
     # Flat positions of each row's window; those past the row's own length are masked out.
     positions = (index * slots + lo)[:, None] + np.arange(width)
     wanted = positions[np.arange(width) < lengths[:, None]]
-    values = pa.array(np.take(counts.reshape(-1), wanted), type=pa.int64())
+    values = pa.array(np.take(counts.reshape(-1), wanted).astype(np.int64), type=pa.int64())
     offsets = np.zeros(rows + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     hist = pa.ListArray.from_arrays(pa.array(offsets), values, mask=pa.array(~valid))

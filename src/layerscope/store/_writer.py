@@ -139,7 +139,7 @@ class ParquetStore:
 
         if records.stats is not None and len(records.stats):
             self._pending["stats"].append(stats_table(records.stats))
-            self._steps = max(self._steps, max(records.stats.columns["step"]) + 1)
+            self._steps = max(self._steps, int(records.stats.step.max()) + 1)
         if records.scalars:
             self._pending["scalars"].append(scalars_table(records.scalars))
             self._steps = max(self._steps, max(step for step, _, _ in records.scalars) + 1)
