@@ -163,6 +163,7 @@ class Scope:
             failures=self._failures,
             flush_steps=getattr(store, "flush_steps", 10),
             flush_seconds=getattr(store, "flush_seconds", 5.0),
+            queue_size=getattr(store, "queue_size", 256),
         )
         try:
             self._register()

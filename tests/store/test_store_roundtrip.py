@@ -5,6 +5,7 @@ import errno
 import itertools
 import json
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -310,3 +311,45 @@ def test_frames_have_matching_dtypes_for_analysis(tmp_path):
     assert stats.step.dtype == np.int64
     assert stats["mean"].dtype == np.float64
     assert pd.api.types.is_integer_dtype(stats.nan_count)
+
+
+def test_a_segment_is_written_after_flush_seconds_even_between_recorded_steps(tmp_path):
+    store = ParquetStore(tmp_path / "r", flush_steps=1000, flush_seconds=0.2)
+    model = _model()
+    with layerscope.watch(model, every=1, run=store) as scope:
+        model(torch.randn(2, 6)).sum().backward()
+        scope.step()
+        deadline = time.monotonic() + 10
+        while not list((tmp_path / "r" / "stats").glob("seg-*.parquet")):
+            assert time.monotonic() < deadline, "no segment within 10 s of a 0.2 s cadence"
+            time.sleep(0.05)
+        assert sorted(set(layerscope.load(tmp_path / "r").stats.step)) == [0]
+
+
+def test_a_writer_that_falls_behind_drops_rows_and_counts_them(tmp_path):
+    class Slow:
+        def start(self, info):
+            pass
+
+        def write(self, records):
+            time.sleep(0.05)
+
+        def flush(self):
+            pass
+
+        def close(self, summary):
+            pass
+
+    store = ParquetStore(tmp_path / "r", queue_size=1)
+    model = _model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with layerscope.watch(model, every=1, run=store, sinks=[Slow()]) as scope:
+            for _ in range(20):
+                model(torch.randn(2, 6)).sum().backward()
+                scope.step()
+    assert any("fell behind" in str(w.message) for w in caught)
+    meta = layerscope.load(tmp_path / "r").meta
+    assert meta["dropped_rows"] > 0
+    assert meta["recorded_rows"] + meta["dropped_rows"] == 20 * 14  # 14 rows a step
+    assert len(layerscope.load(tmp_path / "r").stats) == meta["recorded_rows"]

@@ -45,6 +45,8 @@ class ParquetStore:
             It must not hold a run already.
         flush_steps: write a segment after this many recorded steps.
         flush_seconds: write a segment at least this often while rows wait.
+        queue_size: how many flushes may wait for the writer thread; past that, new ones are
+            dropped (and counted) rather than training slowed.
         name: the run's name; the directory's name by default.
 
     Example:
@@ -65,6 +67,7 @@ class ParquetStore:
         *,
         flush_steps: int = 10,
         flush_seconds: float = 5.0,
+        queue_size: int = 256,
         name: str | None = None,
     ) -> None:
         if not isinstance(path, str | os.PathLike):
@@ -73,6 +76,9 @@ class ParquetStore:
             raise ValueError(f"flush_steps: expected an int >= 1, got {flush_steps!r}")
         if not flush_seconds > 0:
             raise ValueError(f"flush_seconds: expected seconds > 0, got {flush_seconds!r}")
+        if not isinstance(queue_size, int) or queue_size < 1:
+            raise ValueError(f"queue_size: expected an int >= 1, got {queue_size!r}")
+        self.queue_size = queue_size
         self.path = os.fspath(path)
         self.flush_steps = flush_steps
         self.flush_seconds = float(flush_seconds)
