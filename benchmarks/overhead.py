@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import layerscope
+from report import replace_section
 from workloads import WORKLOADS, Workload  # run as a script
 
 CONFIGS = ("unwatched", "hooks idle", "full, every step")
@@ -113,16 +114,15 @@ def main() -> None:
     text = table(results)
     print(text)
     if args.write:
-        command = "python benchmarks/overhead.py " + " ".join(sys.argv[1:])
+        command = f"python benchmarks/overhead.py {' '.join(sys.argv[1:])}".strip()
         machine = (
             f"{platform.machine()}, {torch.get_num_threads()} threads, Python "
             f"{platform.python_version()}, torch {torch.__version__}, layerscope "
             f"{layerscope.__version__}"
         )
-        Path(__file__).parent.parent.joinpath("BENCHMARKS.md").write_text(
-            "# Benchmarks\n\n"
-            "## Step-time overhead (CPU)\n\n"
-            f"Machine: {machine}. Command: `{command.strip()}`.\n"
+        replace_section(
+            "Step-time overhead (CPU)",
+            f"Machine: {machine}. Command: `{command}`.\n"
             f"Medians over {args.rounds} interleaved rounds of {args.steps} steps; ratios to the "
             "unwatched step of the same run. Workloads: CNN = 5 stride-2 convs, batch 256, "
             "1x28x28; GPT = 4 blocks, d=256, 4 heads, sequence 128, batch 8, tied embedding; "
@@ -130,7 +130,7 @@ def main() -> None:
             "weight_grad with every statistic and the log2 histogram.\n\n"
             f"{text}\n\n"
             "Defaults are derived from the two measured rows: Schedule(every=50, dense=10) "
-            "records 1 step in 50 in the long run and 12 of the first 100 steps.\n"
+            "records 1 step in 50 in the long run and 12 of the first 100 steps.",
         )
 
 

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import tempfile
@@ -22,6 +21,8 @@ import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 import layerscope
 from layerscope._buffer import HostCopy
@@ -39,6 +40,7 @@ from layerscope._table import (
 from layerscope.sinks import Records, RunInfo, RunSummary
 from layerscope.stats import WIDTH, StatSelection, finalize
 from layerscope.store import ParquetStore
+from report import replace_section
 
 MODULES = [
     f"blocks.{b}.{part}" for b in range(12) for part in ("attn", "mlp.fc1", "mlp.fc2", "ln1", "ln2")
@@ -214,15 +216,8 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.write:
-        path = Path(__file__).parent.parent / "BENCHMARKS.md"
-        section = (
-            "## Run store (CPU)\n\n"
-            f"Command: `python benchmarks/store.py {' '.join(sys.argv[1:])}`.\n\n"
-            f"{text}\n"
-        )
-        current = path.read_text() if path.exists() else "# Benchmarks\n"
-        current = re.sub(r"## Run store \(CPU\)\n.*?(?=\n## |\Z)", "", current, flags=re.S)
-        path.write_text(current.rstrip() + "\n\n" + section)
+        command = f"python benchmarks/store.py {' '.join(sys.argv[1:])}".strip()
+        replace_section("Run store (CPU)", f"Command: `{command}`.\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -21,21 +21,20 @@ from layerscope.stats import WIDTH
 class HostCopy:
     """A payload on its way to the host; ``wait()`` returns it once it has arrived."""
 
-    payload: Tensor  # (rows * row_width + values,) float64 on the host
+    # (rows * row_width + values,) float64: on the host, or on a device other than CUDA,
+    # from which the writer thread copies it
+    payload: Tensor
     rows: int
     row_width: int
     event: torch.cuda.Event | None
-
-    def landed(self) -> bool:
-        """Whether the copy has arrived; asks the device without waiting for it."""
-        return self.event is None or bool(self.event.query())  # type: ignore[no-untyped-call]  # untyped in torch
 
     def wait(self) -> tuple[Tensor, Tensor]:
         """Block until the copy has landed; return ``(rows, values)``."""
         if self.event is not None:
             self.event.synchronize()
+        payload = self.payload.cpu()  # a no-op on the host; a blocking copy from MPS or XPU
         split = self.rows * self.row_width
-        return self.payload[:split].view(self.rows, self.row_width), self.payload[split:]
+        return payload[:split].view(self.rows, self.row_width), payload[split:]
 
 
 class DeviceRows:
@@ -89,12 +88,8 @@ class DeviceRows:
         self._values = []
         self._values_size = 0
         if self.device.type != "cuda":
-            return HostCopy(
-                payload.cpu() if payload.device.type != "cpu" else payload,
-                rows,
-                self.row_width,
-                None,
-            )
+            # A fresh tensor, so the writer thread can copy it later, off the training thread.
+            return HostCopy(payload, rows, self.row_width, None)
         host = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=True)
         host.copy_(payload, non_blocking=True)
         event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # untyped in torch

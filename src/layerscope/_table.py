@@ -129,10 +129,6 @@ class Batch:
     scalars: list[tuple[int, str, float | tuple[int, int]]] = field(default_factory=list)
     final: bool = True
 
-    def landed(self) -> bool:
-        """Whether every copy has arrived, asked without waiting."""
-        return all(copy.landed() for copy in self.copies.values())
-
 
 # A custom statistic of a group being merged: numel-weighted sum, total weight, and whether the
 # function returned a 0-d tensor. A None sum marks values whose lengths disagreed.

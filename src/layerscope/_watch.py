@@ -2,13 +2,14 @@
 
 The hot path is the hooks: each one checks a Python bool (is this step recorded?), computes
 the partials of a tensor on its device and appends them to a device buffer. No hook reads a
-value back to the host. At the end of a recorded step the buffers travel to the host in one copy
-per device; they are merged and finalised there, one flush later on CUDA so the copy overlaps
-training.
+value back to the host. At the end of a recorded step the buffers start their copy to the host
+(one per device, non-blocking on CUDA) and the batch goes to the writer thread, which waits for
+the copy, merges, finalises and hands the rows to the sinks.
 """
 
 from __future__ import annotations
 
+import atexit
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -165,6 +166,8 @@ class Scope:
             flush_seconds=getattr(store, "flush_seconds", 5.0),
             queue_size=getattr(store, "queue_size", 256),
         )
+        # A scope left open at exit is closed then, so the writer writes what it holds.
+        atexit.register(self.close)
         try:
             self._register()
         except BaseException:
@@ -266,6 +269,7 @@ class Scope:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self.close)
         try:
             if self._readings or self._scalars or self._partial:
                 self._flush(final=True)

@@ -51,3 +51,23 @@ def test_a_killed_run_loads_with_every_flushed_step_and_says_it_crashed(tmp_path
     assert steps[: flushed + 1] == list(range(flushed + 1))
     assert set(range(flushed + 1)) <= set(run.scalars.step)
     assert run.sql("select count(*) n from stats").n.item() == len(run.stats)
+
+
+def test_a_scope_left_open_is_closed_at_exit_and_its_rows_written(tmp_path):
+    code = textwrap.dedent(
+        """
+        import sys, torch, layerscope
+        from layerscope.store import ParquetStore
+        model = torch.nn.Linear(3, 3)
+        scope = layerscope.watch(model, every=1, run=ParquetStore(sys.argv[1], flush_steps=1000,
+                                                                   flush_seconds=1000))
+        for step in range(3):
+            model(torch.randn(2, 3)).sum().backward()
+            scope.step(loss=float(step))
+        """
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "r")], check=True, timeout=120)
+    run = layerscope.load(tmp_path / "r")
+    assert run.meta["status"] == "finished"
+    assert sorted(set(run.stats.step)) == [0, 1, 2]
+    assert run.scalars.value.tolist() == [0.0, 1.0, 2.0]

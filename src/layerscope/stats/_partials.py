@@ -150,7 +150,8 @@ def _log2_bin_index(x: Tensor) -> Tensor:
         exponent = (x.view(torch.int64) >> 52) & 0x7FF
         index = (exponent - (1023 - 127)).clamp(0, 254)
         return torch.where(torch.isfinite(x), index, 255)
-    return ((x.view(torch.int32) >> 23) & 0xFF).long()
+    # int32 indices: bincount and index_add_ take them, and widening costs a pass.
+    return (x.view(torch.int32) >> 23) & 0xFF
 
 
 def _linear_bin_index(x: Tensor, spec: LinearHistogram) -> Tensor:
@@ -185,5 +186,5 @@ def _count_bins(index: Tensor, slots: int) -> Tensor:
     else:
         # On CUDA bincount reads min and max back to the host; index_add_ does not.
         counts = torch.zeros(size, dtype=torch.int64, device=index.device)
-        counts.index_add_(0, index, torch.ones_like(index))
+        counts.index_add_(0, index, torch.ones_like(index, dtype=torch.int64))
     return counts[:slots]
