@@ -1,20 +1,16 @@
-"""Step-time overhead of layerscope, as a ratio to the unwatched step, in one process.
+"""Step-time overhead of layerscope and its peers, as a ratio to the unwatched step, in one process.
 
 Every configuration trains its own copy of the model; rounds interleave the configurations
 (A B C A B C ...) and the figure is the median over rounds of each one's mean step time, so
-drift on a shared machine hits all of them alike.
+drift on a shared machine hits all of them alike. Peers that are not installed are skipped.
 
-    python benchmarks/overhead.py                 # all workloads, prints a table
-    python benchmarks/overhead.py --write         # also rewrites BENCHMARKS.md
+    python benchmarks/overhead.py                       # all workloads, prints the table
+    python benchmarks/overhead.py --workloads cnn       # one workload
+    python benchmarks/overhead.py --write               # also updates BENCHMARKS.md
 
-Configurations:
-- unwatched: no layerscope at all;
-- hooks idle: watched, but on a step the schedule does not record (the cost of every
-  unrecorded step);
-- full, every step: every default kind, all statistics and the log2 histogram;
-- defaults (derived): ``every=None`` is Schedule(every=50, dense=10); in the long run one step
-  in 50 is recorded, so its cost is (49 * idle + 1 * full) / 50 of the unwatched step; over the
-  first 100 steps 12 are recorded.
+Rows "every 10 steps" and "defaults" are derived from the measured "hooks idle" and "full"
+rows: a recorded fraction f of steps costs (1 - f) * idle + f * full. ``every=None`` is
+Schedule(every=50, dense=10): f = 1/50 in the long run and 12/100 over the first 100 steps.
 """
 
 from __future__ import annotations
@@ -25,93 +21,157 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import layerscope
+from peers import PEERS, quiet
 from report import replace_section
 from workloads import WORKLOADS, Workload  # run as a script
 
-CONFIGS = ("unwatched", "hooks idle", "full, every step")
+
+@dataclass
+class Session:
+    after_step: Callable[[torch.Tensor], None]
+    close: Callable[[], None]
+
+
+def _layerscope(**options: Any) -> Callable[[torch.nn.Module, Any], Session]:
+    def start(model: torch.nn.Module, optimizer: Any) -> Session:
+        scope = layerscope.watch(model, optimizer=optimizer, **options)
+        return Session(after_step=lambda loss: None, close=scope.close)
+
+    return start
+
+
+def _peer(cls: Any) -> Callable[[torch.nn.Module, Any], Session]:
+    def start(model: torch.nn.Module, optimizer: Any) -> Session:
+        peer = cls(model, optimizer)
+        return Session(after_step=peer.after_step, close=peer.close)
+
+    return start
+
+
+IDLE = "layerscope: hooks idle (an unrecorded step)"
+FULL = "layerscope: full, every step"
+CONFIGS: dict[str, Callable[[torch.nn.Module, Any], Session] | None] = {
+    "unwatched": None,
+    IDLE: _layerscope(every=layerscope.Schedule(start=10**9)),
+    FULL: _layerscope(every=1),
+    "layerscope: weights + grads, every step (wandb's coverage)": _layerscope(
+        every=1, capture=("weight", "weight_grad")
+    ),
+    "layerscope: inputs, outputs, weights, grads, every step (torchember's coverage)": (
+        _layerscope(every=1, capture=("input", "activation", "weight", "weight_grad"))
+    ),
+    **{name: _peer(cls) for name, cls in PEERS.items()},
+}
 
 
 class Trainer:
-    def __init__(self, workload: Workload, model: torch.nn.Module, config: str) -> None:
+    def __init__(self, workload: Workload, model: torch.nn.Module, start: Any) -> None:
         self.workload = workload
         self.model = model
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        self.scope = None
-        if config == "hooks idle":
-            never = layerscope.Schedule(start=10**9)
-            self.scope = layerscope.watch(model, optimizer=self.optimizer, every=never)
-        elif config == "full, every step":
-            self.scope = layerscope.watch(model, optimizer=self.optimizer, every=1)
+        with quiet():
+            self.session = start(model, self.optimizer) if start is not None else None
         self.generator = torch.Generator().manual_seed(0)
 
     def steps(self, count: int) -> float:
         """Mean seconds per step over ``count`` steps."""
         batches = [self.workload.make_batch(self.generator) for _ in range(count)]
         start = time.perf_counter()
-        for x, y in batches:
-            loss = self.workload.loss(self.model(x), y)
-            loss.backward()
-            self.optimizer.step()
-            self.optimizer.zero_grad()
+        with quiet():
+            for x, y in batches:
+                loss = self.workload.loss(self.model(x), y)
+                loss.backward()
+                self.optimizer.step()
+                if self.session is not None:
+                    self.session.after_step(loss)
+                self.optimizer.zero_grad()
         return (time.perf_counter() - start) / count
 
+    def close(self) -> None:
+        if self.session is not None:
+            with quiet():
+                self.session.close()
 
-def measure(workload: Workload, rounds: int, steps: int) -> dict[str, float]:
+
+def measure(workload: Workload, rounds: int, steps: int) -> tuple[dict[str, float], list[str]]:
     torch.manual_seed(0)
     model = workload.make_model()
-    trainers = {config: Trainer(workload, copy.deepcopy(model), config) for config in CONFIGS}
+    trainers, skipped = {}, []
+    for name, start in CONFIGS.items():
+        try:
+            trainers[name] = Trainer(workload, copy.deepcopy(model), start)
+        except ImportError as error:
+            skipped.append(f"{name}: not installed ({error.name})")
     for trainer in trainers.values():
-        trainer.steps(2)  # warm up allocator and dispatcher
-    times: dict[str, list[float]] = {config: [] for config in CONFIGS}
+        trainer.steps(1)  # warm up allocator, dispatcher and the peers' first-call work
+    times: dict[str, list[float]] = {name: [] for name in trainers}
     for _ in range(rounds):
-        for config, trainer in trainers.items():
-            times[config].append(trainer.steps(steps))
+        for name, trainer in trainers.items():
+            times[name].append(trainer.steps(steps))
     for trainer in trainers.values():
-        if trainer.scope is not None:
-            trainer.scope.close()
-    return {config: statistics.median(values) for config, values in times.items()}
+        trainer.close()
+    return {name: statistics.median(values) for name, values in times.items()}, skipped
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
-    header = (
-        "| workload | unwatched step | hooks idle | full, every step | defaults, long run "
-        "| defaults, first 100 steps |"
-    )
-    lines = [header, "|---|---|---|---|---|---|"]
-    for name, times in results.items():
-        base = times["unwatched"]
-        idle = times["hooks idle"] / base
-        full = times["full, every step"] / base
-        long_run = (49 * idle + full) / 50
-        first_100 = (88 * idle + 12 * full) / 100
-        lines.append(
-            f"| {name} | {base * 1e3:.1f} ms | {idle:.3f}x | {full:.2f}x | {long_run:.3f}x "
-            f"| {first_100:.3f}x |"
-        )
+    names = list(results)
+    lines = [
+        "| configuration | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+        "| unwatched step | "
+        + " | ".join(f"{results[n]['unwatched'] * 1e3:.1f} ms" for n in names)
+        + " |",
+    ]
+    configs = [name for name in CONFIGS if name != "unwatched"]
+    for config in configs:
+        cells = []
+        for name in names:
+            value = results[name].get(config)
+            cells.append(
+                "skipped" if value is None else f"{value / results[name]['unwatched']:.2f}x"
+            )
+        lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    for label, fraction in (
+        ("layerscope: full, every 10 steps (derived)", 1 / 10),
+        ("layerscope: defaults, long run (derived)", 1 / 50),
+        ("layerscope: defaults, first 100 steps (derived)", 12 / 100),
+    ):
+        cells = []
+        for name in names:
+            base = results[name]["unwatched"]
+            idle, full = results[name][IDLE] / base, results[name][FULL] / base
+            cells.append(f"{(1 - fraction) * idle + fraction * full:.3f}x")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--write", action="store_true", help="rewrite BENCHMARKS.md")
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    results = {}
+    results, skipped = {}, set()
     for name in args.workloads:
-        results[name] = measure(WORKLOADS[name], args.rounds, args.steps)
+        results[name], missing = measure(WORKLOADS[name], args.rounds, args.steps)
+        skipped.update(missing)
         print(f"{name}: done", file=sys.stderr)
     text = table(results)
+    if skipped:
+        text += "\n\nSkipped: " + "; ".join(sorted(skipped)) + "."
     print(text)
     if args.write:
         command = f"python benchmarks/overhead.py {' '.join(sys.argv[1:])}".strip()
@@ -123,14 +183,16 @@ def main() -> None:
         replace_section(
             "Step-time overhead (CPU)",
             f"Machine: {machine}. Command: `{command}`.\n"
-            f"Medians over {args.rounds} interleaved rounds of {args.steps} steps; ratios to the "
-            "unwatched step of the same run. Workloads: CNN = 5 stride-2 convs, batch 256, "
+            f"Medians over {args.rounds} interleaved rounds of {args.steps} steps; ratios to "
+            "the unwatched step of the same run. Workloads: CNN = 5 stride-2 convs, batch 256, "
             "1x28x28; GPT = 4 blocks, d=256, 4 heads, sequence 128, batch 8, tied embedding; "
-            "MLP = 6 x Linear(1024), batch 128. AdamW; kinds: activation, grad, weight, "
-            "weight_grad with every statistic and the log2 histogram.\n\n"
-            f"{text}\n\n"
-            "Defaults are derived from the two measured rows: Schedule(every=50, dense=10) "
-            "records 1 step in 50 in the long run and 12 of the first 100 steps.",
+            "MLP = 6 x Linear(1024), batch 128. AdamW. layerscope's full configuration records "
+            "activation, grad, weight and weight_grad with every statistic and the log2 "
+            "histogram. Peers: wandb offline; TensorBoard `add_histogram` of every parameter "
+            "and gradient; torchember's own hooks plus `log_model()`; torchfunc "
+            "ForwardOutput and BackwardOutput recorders keeping the latest tensor; the textbook "
+            "baseline is hooks with one `.item()` per statistic.\n\n"
+            f"{text}",
         )
 
 

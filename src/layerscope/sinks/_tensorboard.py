@@ -23,9 +23,9 @@ class TensorBoard:
         stats: which statistics become scalar plots.
         histograms: whether to write histograms.
 
-    Example:
-        >>> scope = layerscope.watch(model, sinks=[layerscope.sinks.TensorBoard("tb/exp1")])
-        ... # doctest: +SKIP
+    Example::
+
+        scope = layerscope.watch(model, sinks=[layerscope.sinks.TensorBoard("tb/exp1")])
     """
 
     def __init__(

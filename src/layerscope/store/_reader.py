@@ -121,9 +121,9 @@ class Run:
 
         Histograms are stored trimmed: ``hist`` holds the counts from slot ``hist_lo`` on.
 
-        Example:
-            >>> run.sql("select module, max(absmax) from stats where kind = 'grad' group by 1")
-            ... # doctest: +SKIP
+        Example::
+
+            run.sql("select module, max(absmax) from stats where kind = 'grad' group by 1")
         """
         connection = self._database().cursor()
         for table in TABLES:
@@ -232,8 +232,9 @@ def load(path: str | os.PathLike[str]) -> Run:
 def runs(root: str | os.PathLike[str]) -> pandas.DataFrame:
     """The runs directly under ``root``: name, path, status, steps, started, ended.
 
-    Example:
-        >>> layerscope.runs("runs")  # doctest: +SKIP
+    Example::
+
+        layerscope.runs("runs")
     """
     pandas = require("pandas", "dataframe")
     fsspec = require("fsspec", "dataframe")
