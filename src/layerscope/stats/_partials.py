@@ -6,9 +6,14 @@ depend only on dtype and numel, which are metadata, never on data.
 
 from __future__ import annotations
 
+import os
+import warnings
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
+from layerscope._errors import LayerscopeWarning
 from layerscope.stats._histogram import HistogramSpec, LinearHistogram
 from layerscope.stats._layout import WIDTH, Field
 
@@ -46,7 +51,7 @@ def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor,
             flat = flat.float()
         if flat.numel() == 0:
             return _empty_partials(flat.device), _empty_histogram(histogram, flat.device)
-        row = _float_partials(flat)
+        row = _fused_float_partials(flat) if flat.dtype == torch.float32 else _float_partials(flat)
         hist = _histogram(flat, histogram) if histogram is not None else None
         return row, hist
 
@@ -85,7 +90,7 @@ def _float_partials(x: Tensor) -> Tensor:
     pos = torch.count_nonzero(x > 0)
     neg = numel - zeros - nan - pos  # NaN is neither; -inf is negative
     fields = [
-        torch.tensor(float(numel), dtype=torch.float64, device=x.device),
+        torch.ones((), dtype=torch.float64, device=x.device) * numel,
         count,
         # Corrected mean, summed in float64: float32's ulp at 1e4 is 1e-3.
         (mean_scaled.double() + dev_sum.double() / count_f.clamp(min=1.0).double())
@@ -101,6 +106,40 @@ def _float_partials(x: Tensor) -> Tensor:
         pos,
     ]
     return torch.stack([f.to(torch.float64) for f in fields])
+
+
+# torch.compile fuses the dozen passes of _float_partials into one or two loops: on a 2-core
+# CPU 1.1 ms per million float32 elements instead of 18 ms. It compiles once per process (about
+# 10 s on that CPU, plus ~2 s for sizes 0 and 1) and falls back to eager where it cannot
+# compile. LAYERSCOPE_COMPILE=0 keeps the eager kernel.
+_compiled: Callable[[Tensor], Tensor] | None = None
+_compile_state = "untried"  # "untried", "ready" or "failed"
+
+
+def _fused_float_partials(x: Tensor) -> Tensor:
+    """``_float_partials`` of a float32 tensor, compiled where possible."""
+    global _compiled, _compile_state
+    if _compile_state == "untried":
+        _compile_state = "failed"
+        if os.environ.get("LAYERSCOPE_COMPILE", "1") != "0":
+            try:
+                _compiled = torch.compile(_float_partials, dynamic=True)
+                _compile_state = "ready"
+            except Exception:  # no compiler backend here: eager it is
+                _compiled = None
+    if _compiled is None:
+        return _float_partials(x)
+    try:
+        return _compiled(x.contiguous())
+    except Exception as error:
+        _compiled, _compile_state = None, "failed"
+        warnings.warn(
+            f"layerscope: compiling the statistics kernel failed ({type(error).__name__}: "
+            f"{error}); using the eager kernel, which is slower",
+            LayerscopeWarning,
+            stacklevel=2,
+        )
+        return _float_partials(x)
 
 
 def _count_partials(x: Tensor) -> Tensor:
