@@ -182,12 +182,12 @@ def test_hot_path_never_reads_back_to_host(monkeypatch):
 
 
 def test_a_monitoring_failure_warns_once_counts_and_training_goes_on(monkeypatch):
-    from layerscope import _watch
+    from layerscope import _recorder
 
     def broken(*args, **kwargs):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr(_watch, "tensor_partials", broken)
+    monkeypatch.setattr(_recorder, "tensor_partials", broken)
     model = _net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     reference = copy.deepcopy(model)

@@ -198,12 +198,13 @@ def test_many_forward_passes_in_one_step_flush_early_and_merge_the_same(with_cus
         scope = layerscope.watch(
             model, every=1, stats=stats, capture=("activation", "grad", "weight")
         )
-        scope._rows_per_flush = rows_per_flush
+        scope._recorder.rows_per_flush = rows_per_flush
         capacity = []
         for step in range(2):
             for _ in range(7):  # accumulation: 7 passes, 6 readings each
                 model(torch.randn(3, 4)).sum().backward()
-                capacity.append(max(rows._data.shape[0] for _, rows in scope._buffers.values()))
+                buffers = scope._recorder.buffers.values()
+                capacity.append(max(rows._data.shape[0] for _, rows in buffers))
             model.eval()
             with torch.no_grad():
                 for _ in range(5):
@@ -233,15 +234,15 @@ def test_many_forward_passes_in_one_step_flush_early_and_merge_the_same(with_cus
 
 
 def test_scalars_of_unrecorded_steps_do_not_pile_up():
-    from layerscope import _watch
+    from layerscope import _recorder
 
     model = nn.Linear(2, 2)
     with layerscope.watch(model, every=layerscope.Schedule(stop=1)) as scope:
-        for step in range(3 * _watch.SCALARS_PER_FLUSH):
+        for step in range(3 * _recorder.SCALARS_PER_FLUSH):
             scope.step(loss=torch.tensor(float(step)))
-            assert len(scope._scalars) <= _watch.SCALARS_PER_FLUSH
+            assert len(scope._recorder.scalars) <= _recorder.SCALARS_PER_FLUSH
     losses = scope.frame("scalars")
-    assert losses.value.tolist() == [float(s) for s in range(3 * _watch.SCALARS_PER_FLUSH)]
+    assert losses.value.tolist() == [float(s) for s in range(3 * _recorder.SCALARS_PER_FLUSH)]
 
 
 def test_weight_grads_under_grad_scaler_are_unscaled():

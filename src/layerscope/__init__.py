@@ -18,7 +18,8 @@ from layerscope._errors import LayerscopeWarning
 from layerscope._kinds import Kind
 from layerscope._modules import CallEvent, ModuleInfo
 from layerscope._schedule import Schedule
-from layerscope._watch import Scope, watch
+from layerscope._scope import Scope
+from layerscope._watch import watch
 from layerscope.store import Run, load, runs
 
 __all__ = [

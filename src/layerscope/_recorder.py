@@ -1,0 +1,176 @@
+"""Readings on their way to the host: partials into device buffers, batches to the writer.
+
+The ``Recorder`` is the hot path's end: it computes a tensor's partials on the tensor's device,
+appends them to that device's buffer, interns what the row is about, and, at a flush, starts
+the buffers' copy to the host and hands the batch to the writer thread. It never waits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from layerscope._buffer import DeviceRows
+from layerscope._kinds import STATE_KINDS, Kind
+from layerscope._pipeline import Pipeline
+from layerscope._table import Batch, Form, Identities, Identity, Reading
+from layerscope.stats import CustomStat, HistogramSpec, tensor_partials
+
+# A step with many forward passes (long evaluations, much gradient accumulation) flushes when
+# this many readings wait, so that device memory stays bounded; the host merges the pieces.
+ROWS_PER_FLUSH = 4096
+# Scalars of unrecorded steps wait for the next recorded one, or until this many wait.
+SCALARS_PER_FLUSH = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A watched module."""
+
+    name: str
+    module_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """A watched module owning a parameter or buffer as ``tensor``; tied ones have several."""
+
+    module: str
+    module_type: str
+    tensor: str
+
+
+class Recorder:
+    """Partials of recorded tensors, held on their devices until the next flush."""
+
+    def __init__(
+        self,
+        histogram: HistogramSpec | None,
+        custom: Mapping[str, CustomStat],
+        identities: Identities,
+        pipeline: Pipeline,
+        fail: Callable[[str, BaseException], None],
+    ) -> None:
+        self.histogram = histogram
+        self.custom = custom
+        self.identities = identities
+        self.pipeline = pipeline
+        self.buffers: dict[torch.device, tuple[int, DeviceRows]] = {}
+        self.readings: list[Reading] = []
+        self.scalars: list[tuple[int, str, float | tuple[int, int]]] = []
+        self.rows_per_flush = ROWS_PER_FLUSH
+        self.partial = False  # the current step has flushed part of its readings
+        self.last_flush = time.monotonic()
+        self._fail = fail
+
+    def record(
+        self,
+        step: int,
+        target: Target,
+        kind: Kind,
+        name: str,
+        call: int,
+        phase: str,
+        tensor: Tensor,
+        also_owned_by: Sequence[Owner] = (),
+    ) -> None:
+        """Compute the partials of ``tensor`` on its device and keep them for the next flush."""
+        row, hist = tensor_partials(tensor, self.histogram)
+        buffer_id, rows = self._rows_on(tensor.device)
+        index = rows.append(row, hist)
+        custom = self._custom_stats(rows, tensor) if self.custom else ()
+        identity = Identity(phase, target.name, target.module_type, kind, name, call)
+        form = Form(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+        reading = Reading(
+            step,
+            self.identities.code(identity),
+            self.identities.form_code(form),
+            buffer_id,
+            index,
+            kind in STATE_KINDS,
+            custom,
+        )
+        self.readings.append(reading)
+        for owner in also_owned_by:  # tied: computed once, reported under every owner
+            alias = identity._replace(
+                module=owner.module, module_type=owner.module_type, tensor=owner.tensor
+            )
+            self.readings.append(reading._replace(identity=self.identities.code(alias)))
+        if len(self.readings) >= self.rows_per_flush:
+            self.flush(final=False)
+
+    def add_scalars(self, step: int, scalars: Mapping[str, float | Tensor]) -> None:
+        """Keep scalars of ``step``; tensors stay on their device until the flush."""
+        for name, value in scalars.items():
+            if isinstance(value, Tensor):
+                if value.numel() != 1:
+                    raise ValueError(
+                        f"step: scalar {name!r} must have one element, got shape "
+                        f"{tuple(value.shape)}"
+                    )
+                buffer_id, rows = self._rows_on(value.device)
+                offset, _ = rows.add_values(value)
+                self.scalars.append((step, name, (buffer_id, offset)))
+            elif isinstance(value, int | float):
+                self.scalars.append((step, name, float(value)))
+            else:
+                raise TypeError(
+                    f"step: scalar {name!r} must be a number or a one-element tensor, "
+                    f"got {type(value).__name__}"
+                )
+
+    def has_pending(self) -> bool:
+        """Whether readings or scalars wait, or a step has flushed only part of its readings."""
+        return bool(self.readings or self.scalars or self.partial)
+
+    def scalars_due(self) -> bool:
+        """Whether waiting scalars should go now, although the step records nothing."""
+        if not self.scalars:
+            return False
+        return len(self.scalars) >= SCALARS_PER_FLUSH or time.monotonic() - self.last_flush >= 1.0
+
+    def flush(self, final: bool) -> None:
+        """Start the copy of what the buffers hold to the host; ``final`` ends a step."""
+        copies = {
+            buffer_id: rows.take()
+            for buffer_id, rows in self.buffers.values()
+            if rows.has_content()
+        }
+        self.pipeline.submit(Batch(self.readings, copies, self.scalars, final))
+        self.readings, self.scalars = [], []
+        self.partial = not final
+        self.last_flush = time.monotonic()
+
+    def _custom_stats(
+        self, rows: DeviceRows, tensor: Tensor
+    ) -> tuple[tuple[str, int, int, bool, int], ...]:
+        if not tensor.is_floating_point():
+            return ()
+        out = []
+        with torch.no_grad():
+            for name, fn in self.custom.items():
+                try:
+                    value = fn(tensor.detach())
+                    if not isinstance(value, Tensor):
+                        value = torch.tensor(float(value), dtype=torch.float64)
+                    if value.dim() > 1:
+                        raise ValueError(
+                            f"returned shape {tuple(value.shape)}, expected 0-d or 1-D"
+                        )
+                    offset, length = rows.add_values(value)
+                    out.append((name, offset, length, value.dim() == 0, tensor.numel()))
+                except Exception as error:
+                    self._fail(f"custom statistic {name!r}", error)
+        return tuple(out)
+
+    def _rows_on(self, device: torch.device) -> tuple[int, DeviceRows]:
+        entry = self.buffers.get(device)
+        if entry is None:
+            slots = self.histogram.slots if self.histogram is not None else 0
+            entry = (len(self.buffers), DeviceRows(device, slots))
+            self.buffers[device] = entry
+        return entry
