@@ -259,3 +259,32 @@ def test_weight_grads_under_grad_scaler_are_unscaled():
         scaler.update()
     twin(x).pow(2).mean().backward()  # the same gradient, never scaled
     _assert_row(scope.frame(), "", "weight_grad", "weight", _stats64(twin.weight.grad))
+
+
+def test_layerscope_measures_its_own_cost_on_the_training_thread(monkeypatch, tmp_path):
+    import time
+
+    from layerscope import _recorder
+
+    real = _recorder.tensor_partials
+    calls = []
+
+    def slow(tensor, histogram):
+        calls.append(1)
+        time.sleep(0.002)
+        return real(tensor, histogram)
+
+    monkeypatch.setattr(_recorder, "tensor_partials", slow)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    started = time.perf_counter()
+    with layerscope.watch(model, optimizer=optimizer, every=2, run=tmp_path / "r") as scope:
+        for _ in range(4):
+            model(torch.randn(2, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    elapsed = time.perf_counter() - started
+    assert len(calls) == 2 * (2 + 2 + 2 + 2)  # 2 recorded steps: act, grad, weight, weight_grad
+    assert 0.002 * len(calls) <= scope.cost_seconds < elapsed
+    meta = layerscope.load(tmp_path / "r").meta
+    assert meta["cost_seconds"] == pytest.approx(scope.cost_seconds)

@@ -85,6 +85,7 @@ class Scope:
         self._failures = FailureCounter()
 
         self._step = 0
+        self._seconds = 0.0  # what layerscope cost the training thread, see cost_seconds
         self._recording = self._schedule.records(0)
         self._closed = False
         self._identities = Identities()
@@ -151,6 +152,16 @@ class Scope:
         return self._step
 
     @property
+    def cost_seconds(self) -> float:
+        """Seconds layerscope has spent on the training thread so far.
+
+        That is its hooks, its reading of parameters and the start of its flushes. Work on the
+        writer thread is not counted; on CUDA the hooks only launch kernels, so this is their
+        host-side cost. ``run.json`` keeps the total as ``cost_seconds``.
+        """
+        return self._seconds
+
+    @property
     def failures(self) -> int:
         """How many times monitoring failed and was skipped (the first one also warned)."""
         return self._failures.count
@@ -182,6 +193,7 @@ class Scope:
             [{'step': 0, 'name': 'loss', 'value': 1.5}]
         """
         self._check_open("step")
+        start = time.perf_counter()
         if self._optimizer is None:
             self._recorder.add_scalars(self._step, scalars)
             if self._recording:
@@ -189,6 +201,7 @@ class Scope:
             self._end_step()
         else:
             self._recorder.add_scalars(max(self._step - 1, 0), scalars)
+        self._seconds += time.perf_counter() - start
 
     def frame(self, table: str = "stats") -> pandas.DataFrame:
         """What was recorded, as a pandas DataFrame (needs ``layerscope[dataframe]``).
@@ -326,6 +339,7 @@ class Scope:
     def _on_enter(self, target: Target, module: nn.Module, args: Any, kwargs: Any) -> None:
         if not self._recording or in_backward():
             return
+        start = time.perf_counter()
         try:
             phase = self._phase()
             call = self._call_counts.get((target.name, phase), 0)
@@ -336,10 +350,13 @@ class Scope:
                     self._recorder.record(self._step, target, Kind.INPUT, name, call, phase, tensor)
         except Exception as error:
             self._fail(f"the input hook of {target.name!r}", error)
+        finally:
+            self._seconds += time.perf_counter() - start
 
     def _on_exit(self, target: Target, module: nn.Module, args: Any, output: Any) -> None:
         if not self._recording:
             return
+        start = time.perf_counter()
         try:
             if in_backward():
                 self._on_recompute(target, output)
@@ -363,6 +380,8 @@ class Scope:
                     self._checkpointed.setdefault(target.name, []).append(call)
         except Exception as error:
             self._fail(f"the forward hook of {target.name!r}", error)
+        finally:
+            self._seconds += time.perf_counter() - start
 
     def _on_recompute(self, target: Target, output: Any) -> None:
         """A checkpointed forward runs again during backward.
@@ -386,10 +405,13 @@ class Scope:
     def _on_grad(self, target: Target, name: str, call: int, grad: Tensor | None) -> None:
         if self._closed or not self._recording or grad is None:
             return
+        start = time.perf_counter()
         try:
             self._recorder.record(self._step, target, Kind.GRAD, name, call, TRAIN, grad)
         except Exception as error:
             self._fail(f"the gradient hook of {target.name!r}", error)
+        finally:
+            self._seconds += time.perf_counter() - start
 
     def _log_call(self, event: str, target: Target, call: int) -> None:
         if self._calls_step is None:
@@ -408,7 +430,7 @@ class Scope:
         self._grad_read_queued = False
         # Each backward pass overwrites the last: after the final micro-batch, the reading is
         # of the accumulated gradient.
-        self._read_owned(Kind.WEIGHT_GRAD)
+        self._timed(self._read_owned, Kind.WEIGHT_GRAD)
 
     def _before_optimizer_step(
         self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
@@ -417,15 +439,15 @@ class Scope:
             return None
         # args[0] is the optimizer itself; the closure follows it or comes by keyword.
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-        self._snapshot_for_update()
+        self._timed(self._snapshot_for_update)
         if closure is None:
-            self._read_owned(Kind.WEIGHT_GRAD)
+            self._timed(self._read_owned, Kind.WEIGHT_GRAD)
             return None
 
         # The closure computes the gradients (LBFGS, Lightning): read them when it returns.
         def closure_then_read() -> Any:
             loss = closure()
-            self._read_owned(Kind.WEIGHT_GRAD)
+            self._timed(self._read_owned, Kind.WEIGHT_GRAD)
             return loss
 
         if "closure" in kwargs:
@@ -437,9 +459,11 @@ class Scope:
     ) -> None:
         if self._closed:
             return
+        start = time.perf_counter()
         if self._recording:
             self._read_after_step()
         self._end_step()
+        self._seconds += time.perf_counter() - start
 
     def _snapshot_for_update(self) -> None:
         if Kind.UPDATE in self._kinds:
@@ -517,6 +541,7 @@ class Scope:
             recorded_rows=recorded_rows,
             dropped_rows=dropped_rows,
             failures=self._failures.count,
+            cost_seconds=self._seconds,
         )
 
     def _columns(self) -> list[str]:
@@ -524,6 +549,13 @@ class Scope:
         names += [n for n in self.config.stats.builtin if n != "hist" or self._histogram]
         names += list(self._custom)
         return names
+
+    def _timed(self, action: Callable[..., None], *args: Any) -> None:
+        start = time.perf_counter()
+        try:
+            action(*args)
+        finally:
+            self._seconds += time.perf_counter() - start
 
     def _fail(self, where: str, error: BaseException) -> None:
         self._failures.record(where, error)

@@ -39,6 +39,7 @@ class RunSummary:
     recorded_rows: int
     dropped_rows: int
     failures: int
+    cost_seconds: float = 0.0  # layerscope's time on the training thread
 
 
 @dataclass(slots=True)

@@ -134,6 +134,7 @@ class ParquetStore:
             "written_rows": 0,
             "dropped_rows": 0,
             "failures": 0,
+            "cost_seconds": 0.0,
         }
         modules = [module.to_dict() for module in info.modules]
         self._write_bytes(MODULES_FILE, json.dumps(modules, indent=1).encode())
@@ -195,6 +196,7 @@ class ParquetStore:
                 written_rows=self._written_rows,
                 dropped_rows=self.dropped_rows + summary.dropped_rows,
                 failures=summary.failures,
+                cost_seconds=summary.cost_seconds,
             )
             self._write_meta()
 
