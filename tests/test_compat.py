@@ -137,3 +137,19 @@ def test_bfloat16_model_is_reduced_in_float32():
     assert row["mean"] == pytest.approx(values.mean(), rel=1e-5)
     assert row["std"] == pytest.approx(values.std(ddof=1), rel=1e-5)
     assert row["hist"].sum() == values.size
+
+
+@pytest.mark.slow
+def test_a_compiled_model_keeps_one_graph_on_unrecorded_steps():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    x = torch.randn(4, 8)
+    torch._dynamo.reset()
+    with layerscope.watch(model, every=layerscope.Schedule(start=10**9)):
+        idle = torch._dynamo.explain(model)(x)
+    assert idle.graph_break_count == 0
+    assert idle.graph_count == 1
+    torch._dynamo.reset()
+    with layerscope.watch(model, every=1):
+        recording = torch._dynamo.explain(model)(x)
+    assert recording.graph_break_count > 0  # recorded steps run the hooks eagerly
+    torch._dynamo.reset()

@@ -285,23 +285,29 @@ class Scope:
 
     def _register(self) -> None:
         root = self._root
-        self._hooks.add(root.register_forward_pre_hook(_eager(self._on_root_enter), prepend=True))
+        self._hooks.add(
+            root.register_forward_pre_hook(self._gated(self._on_root_enter), prepend=True)
+        )
         for target, module in self._targets:
             if Kind.INPUT in self._kinds:
                 self._hooks.add(
                     module.register_forward_pre_hook(
-                        _eager(partial(self._on_enter, target)), with_kwargs=True
+                        self._gated(partial(self._on_enter, target)), with_kwargs=True
                     )
                 )
             else:
                 self._call_order_hooks.add(
                     module.register_forward_pre_hook(
-                        _eager(partial(self._on_enter, target)), with_kwargs=True
+                        self._gated(partial(self._on_enter, target)), with_kwargs=True
                     )
                 )
-            self._hooks.add(module.register_forward_hook(_eager(partial(self._on_exit, target))))
+            self._hooks.add(
+                module.register_forward_hook(self._gated(partial(self._on_exit, target)))
+            )
         # Registered last so that it runs after every target's forward hook, also on errors.
-        self._hooks.add(root.register_forward_hook(_eager(self._on_root_exit), always_call=True))
+        self._hooks.add(
+            root.register_forward_hook(self._gated(self._on_root_exit), always_call=True)
+        )
 
         if self._optimizer is not None:
             self._hooks.add(self._optimizer.register_step_pre_hook(self._before_optimizer_step))
@@ -314,6 +320,21 @@ class Scope:
                     self._hooks.add(
                         param.register_post_accumulate_grad_hook(self._on_grad_accumulated)  # type: ignore[no-untyped-call]  # untyped in torch
                     )
+
+    def _gated(self, hook: Callable[..., None]) -> Callable[..., None]:
+        """``hook`` behind a gate that torch.compile traces away on unrecorded steps.
+
+        The gate reads a Python bool that dynamo guards on, so a compiled model keeps one
+        graph on unrecorded steps; on recorded steps the hook runs eagerly as a graph break.
+        The bool changes only between steps, never within a forward pass.
+        """
+        eager = _eager(hook)
+
+        def gate(*args: Any, **kwargs: Any) -> None:
+            if self._recording:
+                eager(*args, **kwargs)
+
+        return gate
 
     # ---------------------------------------------------------------- forward and backward hooks
 
