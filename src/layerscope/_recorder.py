@@ -23,8 +23,10 @@ from layerscope.stats import CustomStat, HistogramSpec, tensor_partials
 # A step with many forward passes (long evaluations, much gradient accumulation) flushes when
 # this many readings wait, so that device memory stays bounded; the host merges the pieces.
 ROWS_PER_FLUSH = 4096
-# Scalars of unrecorded steps wait for the next recorded one, or until this many wait.
+# Scalars of unrecorded steps wait for the next recorded one, or until this many wait, or
+# this many seconds have passed since the last flush.
 SCALARS_PER_FLUSH = 512
+SCALARS_MAX_WAIT_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +133,8 @@ class Recorder:
         """Whether waiting scalars should go now, although the step records nothing."""
         if not self.scalars:
             return False
-        return len(self.scalars) >= SCALARS_PER_FLUSH or time.monotonic() - self.last_flush >= 1.0
+        waited = time.monotonic() - self.last_flush
+        return len(self.scalars) >= SCALARS_PER_FLUSH or waited >= SCALARS_MAX_WAIT_SECONDS
 
     def flush(self, final: bool) -> None:
         """Start the copy of what the buffers hold to the host; ``final`` ends a step."""

@@ -48,16 +48,6 @@ TRAIN = "train"
 EVAL = "eval"
 
 
-def _eager(hook: Callable[..., None]) -> Callable[..., None]:
-    """Run ``hook`` eagerly, also inside a compiled model.
-
-    Under torch.compile each hook is then a graph break, and the statistics are exactly those
-    of an eager run.
-    """
-    disabled: Callable[..., None] = torch.compiler.disable(hook)  # type: ignore[no-untyped-call]  # untyped in torch
-    return disabled
-
-
 class Scope:
     """Records statistics of a model's layers; made by ``layerscope.watch``.
 
@@ -78,8 +68,6 @@ class Scope:
         self._root = unwrap(model)
         self._optimizer = optimizer
         self._kinds = config.kinds
-        self._histogram = config.histogram
-        self._custom = config.stats.custom
         self._schedule: Schedule = config.schedule
         self._rank = _rank()
         self._failures = FailureCounter()
@@ -325,10 +313,11 @@ class Scope:
         """``hook`` behind a gate that torch.compile traces away on unrecorded steps.
 
         The gate reads a Python bool that dynamo guards on, so a compiled model keeps one
-        graph on unrecorded steps; on recorded steps the hook runs eagerly as a graph break.
-        The bool changes only between steps, never within a forward pass.
+        graph on unrecorded steps; on recorded steps the hook runs eagerly as a graph break,
+        and the statistics are exactly those of an eager run. The bool changes only between
+        steps, never within a forward pass.
         """
-        eager = _eager(hook)
+        eager: Callable[..., None] = torch.compiler.disable(hook)  # type: ignore[no-untyped-call]  # untyped in torch
 
         def gate(*args: Any, **kwargs: Any) -> None:
             if self._recording:
@@ -567,8 +556,8 @@ class Scope:
 
     def _columns(self) -> list[str]:
         names = [*KEY_COLUMNS, *META_COLUMNS]
-        names += [n for n in self.config.stats.builtin if n != "hist" or self._histogram]
-        names += list(self._custom)
+        names += [n for n in self.config.stats.builtin if n != "hist" or self.config.histogram]
+        names += list(self.config.stats.custom)
         return names
 
     def _timed(self, action: Callable[..., None], *args: Any) -> None:

@@ -15,6 +15,19 @@ from hypothesis import strategies as st
 
 from layerscope.stats import WIDTH, Field
 
+# Partials that merging and every kernel must reproduce exactly: counts and extremes.
+EXACT_FIELDS = (
+    Field.NUMEL,
+    Field.COUNT,
+    Field.MIN,
+    Field.MAX,
+    Field.ZEROS,
+    Field.NAN,
+    Field.INF,
+    Field.NEG,
+    Field.POS,
+)
+
 #: Deterministic, no example database, no per-example deadline (first calls warm torch up).
 SETTINGS = settings(
     deadline=None,

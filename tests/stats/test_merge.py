@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stats_reference import (
     ALL_DTYPES,
+    EXACT_FIELDS,
     FLOAT_DTYPES,
     SETTINGS,
     check_stats,
@@ -24,18 +25,6 @@ from stats_reference import (
 )
 
 from layerscope.stats import WIDTH, Field, finalize, merge, merge_groups, tensor_partials
-
-_EXACT = (
-    Field.NUMEL,
-    Field.COUNT,
-    Field.MIN,
-    Field.MAX,
-    Field.ZEROS,
-    Field.NAN,
-    Field.INF,
-    Field.NEG,
-    Field.POS,
-)
 
 
 @st.composite
@@ -61,7 +50,7 @@ def partials(pieces: list[torch.Tensor]) -> torch.Tensor:
 def assert_merged_exactly(got: torch.Tensor, a: np.ndarray, only_counts: bool) -> None:
     """Counts and extremes of a merged row against numpy on the whole: exact."""
     want = reference_row(a, only_counts)
-    for field in _EXACT:
+    for field in EXACT_FIELDS:
         assert got[field].item() == want[field], field.name
 
 
@@ -130,7 +119,7 @@ def test_merge_with_empty_is_identity(x: torch.Tensor, empty_dtype: torch.dtype)
         n, mean, m2 = (row[f].item() for f in (Field.COUNT, Field.MEAN, Field.M2))
         assert abs(merged[Field.MEAN].item() - mean) <= math.ulp(mean)
         assert abs(merged[Field.M2].item() - m2) <= 1e-15 * m2 + n * math.ulp(mean) ** 2
-        for field in _EXACT:
+        for field in EXACT_FIELDS:
             assert merged[field].item() == row[field].item(), field.name
     a = values_of(x)
     assert_merged_exactly(merge(row, empty), a, counts_only(x))

@@ -16,14 +16,8 @@ import pyarrow as pa
 from layerscope._modules import CallEvent
 from layerscope._table import IDENTITY_COLUMNS, Chunk, Identities
 
-_INT_COLUMNS = {
-    "step": pa.int64(),
-    "rank": pa.int32(),
-    "call": pa.int32(),
-    "numel": pa.int64(),
-    "nan_count": pa.int64(),
-    "inf_count": pa.int64(),
-}
+# The statistics that are counts; the others are float64.
+_COUNT_STATS = frozenset(("numel", "nan_count", "inf_count"))
 
 SCALARS_SCHEMA = pa.schema([("step", pa.int64()), ("name", pa.string()), ("value", pa.float64())])
 ALERTS_SCHEMA = pa.schema(
@@ -59,7 +53,8 @@ def stats_table(chunk: Chunk) -> pa.Table:
     for name in ("dtype", "shape"):
         arrays[name] = lookup[name].take(form)
     for name, column in chunk.stats.items():
-        arrays[name] = pa.array(column.numpy(), type=_INT_COLUMNS.get(name, pa.float64()))
+        kind = pa.int64() if name in _COUNT_STATS else pa.float64()
+        arrays[name] = pa.array(column.numpy(), type=kind)
     for name, values in chunk.custom.items():
         arrays[name] = _custom_array(values)
     if chunk.hist is not None:
