@@ -38,13 +38,14 @@ from workloads import WORKLOADS, Workload  # run as a script
 @dataclass
 class Session:
     after_step: Callable[[torch.Tensor], None]
+    settle: Callable[[], None]
     close: Callable[[], None]
 
 
 def _layerscope(**options: Any) -> Callable[[torch.nn.Module, Any], Session]:
     def start(model: torch.nn.Module, optimizer: Any) -> Session:
         scope = layerscope.watch(model, optimizer=optimizer, **options)
-        return Session(after_step=lambda loss: None, close=scope.close)
+        return Session(after_step=lambda loss: None, settle=scope.flush, close=scope.close)
 
     return start
 
@@ -52,7 +53,7 @@ def _layerscope(**options: Any) -> Callable[[torch.nn.Module, Any], Session]:
 def _peer(cls: Any) -> Callable[[torch.nn.Module, Any], Session]:
     def start(model: torch.nn.Module, optimizer: Any) -> Session:
         peer = cls(model, optimizer)
-        return Session(after_step=peer.after_step, close=peer.close)
+        return Session(after_step=peer.after_step, settle=peer.settle, close=peer.close)
 
     return start
 
@@ -94,6 +95,10 @@ class Trainer:
                 if self.session is not None:
                     self.session.after_step(loss)
                 self.optimizer.zero_grad()
+            # Work left to a background thread is part of the cost, and must not spill into
+            # the next configuration's timing.
+            if self.session is not None:
+                self.session.settle()
         return (time.perf_counter() - start) / count
 
     def close(self) -> None:

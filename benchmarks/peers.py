@@ -20,6 +20,9 @@ from torch import nn
 class Peer(Protocol):
     def after_step(self, loss: torch.Tensor) -> None: ...
 
+    def settle(self) -> None:
+        """Finish work the peer left to a background thread, inside the timed block."""
+
     def close(self) -> None: ...
 
 
@@ -68,6 +71,9 @@ class Textbook:
                 self.rows.append(self.stats(parameter.grad))
         self.rows.clear()
 
+    def settle(self) -> None:
+        pass  # synchronous
+
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
@@ -92,6 +98,9 @@ class TensorBoardHistograms:
         self.writer.add_scalar("loss", loss.item(), self.step)
         self.step += 1
 
+    def settle(self) -> None:
+        self.writer.flush()  # events are written by a background thread
+
     def close(self) -> None:
         self.writer.close()
         self.directory.cleanup()
@@ -112,6 +121,9 @@ class WandbWatch:
     def after_step(self, loss: torch.Tensor) -> None:
         self.run.log({"loss": loss.item()})
 
+    def settle(self) -> None:
+        pass  # offline, the wandb-core process writes; there is no public call to wait for it
+
     def close(self) -> None:
         self.run.unwatch(self.model)
         self.run.finish()
@@ -131,6 +143,9 @@ class Torchember:
 
     def after_step(self, loss: torch.Tensor) -> None:
         self.ember.log_model()
+
+    def settle(self) -> None:
+        pass  # synchronous
 
     def close(self) -> None:
         self.ember.disarm()
@@ -158,6 +173,9 @@ class TorchfuncRecorders:
 
     def after_step(self, loss: torch.Tensor) -> None:
         pass
+
+    def settle(self) -> None:
+        pass  # synchronous
 
     def close(self) -> None:
         for recorder in (self.forward, self.backward):

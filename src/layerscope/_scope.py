@@ -227,6 +227,15 @@ class Scope:
             columns=["seq", "event", "module", "call"],
         )
 
+    def flush(self) -> None:
+        """Wait until what the steps so far recorded is written to the run and every sink.
+
+        Training never needs this: the writer thread keeps up on its own. It is for reading a
+        run while it trains, and for timing the writer's share of the cost.
+        """
+        self._check_open("flush")
+        self._pipeline.drain()
+
     def close(self, status: str = "finished") -> None:
         """Remove every hook and finish recording; what the current step has so far is kept.
 
