@@ -4,7 +4,8 @@
     python benchmarks/store.py --write    # also updates the store section of BENCHMARKS.md
 
 - write: stat rows per second through ParquetStore.write + flush (Arrow conversion, trimmed
-  histograms, lz4 Parquet segments, atomic renames), from chunks of finalised rows;
+  histograms, lz4 Parquet segments, atomic renames), from chunks of finalised rows, until the
+  last segment is on disk;
 - finalise + write: the whole writer-thread path from device readings (merging, finalising)
   to Parquet, as the writer thread runs it;
 - query: one module's series (step, mean) out of 10 million rows with ``Run.sql``, median of
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -120,22 +122,25 @@ def _summary(steps: int, rows: int) -> RunSummary:
 
 
 def write_rate(directory: Path, rows: int, chunk_rows: int, flush_every: int) -> float:
-    """Chunks as the writer gets them (one recorded step each), a segment every few steps."""
+    """Chunks as the writer gets them (one recorded step each), a segment every few steps.
+
+    The chunks cycle through a pool of eight made beforehand, too many to stay in the cache.
+    """
     generator = torch.Generator().manual_seed(0)
     identities, codes = _identities()
-    count = rows // chunk_rows
-    chunks = [
-        _chunk(i * chunk_rows // len(codes), chunk_rows, generator, identities, codes)
-        for i in range(count)
-    ]
+    per_step = len(codes)
+    pool = [_chunk(0, chunk_rows, generator, identities, codes) for _ in range(8)]
     store = ParquetStore(directory / "write")
     store.start(_info())
     start = time.perf_counter()
-    for index, chunk in enumerate(chunks):
-        store.write(Records(stats=chunk))
+    for index in range(rows // chunk_rows):
+        chunk = pool[index % len(pool)]
+        first_step = index * chunk_rows // per_step
+        store.write(Records(stats=dataclasses.replace(chunk, step=chunk.step + first_step)))
         if index % flush_every == flush_every - 1:
             store.flush()
     store.flush()
+    store.sync()  # the last segment is on disk
     elapsed = time.perf_counter() - start
     store.close(_summary(0, rows))
     return rows / elapsed
@@ -163,6 +168,7 @@ def finalise_and_write_rate(directory: Path, steps: int) -> float:
         if index % 10 == 9:
             store.flush()
     store.flush()
+    store.sync()
     elapsed = time.perf_counter() - start
     store.close(_summary(steps, steps * per_step))
     return steps * per_step / elapsed

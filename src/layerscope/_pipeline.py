@@ -106,6 +106,9 @@ class Pipeline:
                 if isinstance(item, _Flush) or steps_since_flush >= self._flush_steps or due:
                     self._guarded("flushing", self.sink.flush)
                     last_flush, steps_since_flush = time.monotonic(), 0
+                sync = getattr(self.sink, "sync", None)
+                if isinstance(item, _Flush) and sync is not None:  # a reader waits for files
+                    self._guarded("flushing", sync)
             finally:
                 self._queue.task_done()
 

@@ -229,16 +229,19 @@ def merge_batch(
         for name, value in custom.items():
             entry[2][name] = _add_custom(entry[2].get(name), value)
 
-    all_rows = torch.cat(sources)
-    chosen = torch.tensor([row for rows, _, _ in groups.values() for row in rows])
-    group_of = torch.tensor(
-        [gid for gid, (rows, _, _) in enumerate(groups.values()) for _ in rows],
-        dtype=torch.int64,
-    )
-    picked = all_rows[chosen]
-    merged = torch.zeros(len(groups), all_rows.shape[1], dtype=torch.float64)
-    merged[:, :WIDTH] = merge_groups(picked[:, :WIDTH], group_of, len(groups))
-    merged[:, WIDTH:].index_add_(0, group_of, picked[:, WIDTH:])
+    all_rows = sources[0] if len(sources) == 1 else torch.cat(sources)
+    chosen = [row for rows, _, _ in groups.values() for row in rows]
+    if len(chosen) == len(groups):  # one reading per key, the usual case: nothing to merge
+        merged = all_rows[torch.tensor(chosen)]
+    else:
+        group_of = torch.tensor(
+            [gid for gid, (rows, _, _) in enumerate(groups.values()) for _ in rows],
+            dtype=torch.int64,
+        )
+        picked = all_rows[torch.tensor(chosen)]
+        merged = torch.zeros(len(groups), all_rows.shape[1], dtype=torch.float64)
+        merged[:, :WIDTH] = merge_groups(picked[:, :WIDTH], group_of, len(groups))
+        merged[:, WIDTH:].index_add_(0, group_of, picked[:, WIDTH:])
     return (
         Merged(
             keys=list(groups),

@@ -105,6 +105,13 @@ class FanOut:
         for sink in self.sinks:
             sink.flush()
 
+    def sync(self) -> None:
+        """Wait for the sinks that write in the background (``sync``) to finish a flush."""
+        for sink in self.sinks:
+            wait = getattr(sink, "sync", None)
+            if wait is not None:
+                wait()
+
     def close(self, summary: RunSummary) -> None:
         """Close every sink."""
         for sink in self.sinks:

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from layerscope._modules import CallEvent
-from layerscope._table import IDENTITY_COLUMNS, Chunk, Identities
+from layerscope._table import Chunk, Identities
 
 # The statistics that are counts; the others are float64.
 _COUNT_STATS = frozenset(("numel", "nan_count", "inf_count"))
@@ -38,50 +38,71 @@ CALLS_SCHEMA = pa.schema(
 def stats_table(chunk: Chunk) -> pa.Table:
     """One chunk of finalised statistics as an Arrow table.
 
-    Key columns are taken by code from Arrow arrays of the identities and forms, built once
-    per new identity rather than once per row.
+    String key columns are dictionary arrays: each identity's and form's index into a column's
+    distinct values is built once per new identity, and a chunk's column is that index looked
+    up by code, with no string copied per row. Parquet writes such columns as they are.
     """
-    lookup = _identity_arrays(chunk.identities)
-    identity, form = pa.array(chunk.identity.numpy()), pa.array(chunk.form.numpy())
-    arrays: dict[str, pa.Array] = {
-        "step": pa.array(chunk.step.numpy(), type=pa.int64()),
-        "phase": lookup["phase"].take(identity),
-        "rank": pa.array(np.full(len(chunk), chunk.rank, dtype=np.int32)),
-    }
-    for name in ("module", "module_type", "kind", "tensor", "call"):
-        arrays[name] = lookup[name].take(identity)
-    for name in ("dtype", "shape"):
-        arrays[name] = lookup[name].take(form)
+    lookup = _identity_lookup(chunk.identities)
+    identity, form = chunk.identity.numpy(), chunk.form.numpy()
+    arrays: dict[str, pa.Array] = {"step": pa.array(chunk.step.numpy(), type=pa.int64())}
+    for name in ("phase", "rank", "module", "module_type", "kind", "tensor", "call"):
+        if name == "rank":
+            arrays[name] = pa.array(np.full(len(chunk), chunk.rank, dtype=np.int32))
+        elif name == "call":
+            arrays[name] = pa.array(lookup.calls[identity], type=pa.int32())
+        else:
+            arrays[name] = lookup.column(name, identity)
+    arrays["dtype"] = lookup.column("dtype", form)
+    arrays["shape"] = lookup.shapes.take(pa.array(form))
     for name, column in chunk.stats.items():
         kind = pa.int64() if name in _COUNT_STATS else pa.float64()
         arrays[name] = pa.array(column.numpy(), type=kind)
     for name, values in chunk.custom.items():
         arrays[name] = _custom_array(values)
     if chunk.hist is not None:
-        valid = lookup["has_histogram"][chunk.form.numpy()]
+        valid = lookup.has_histogram[form]
         arrays["hist_lo"], arrays["hist"] = _trimmed_histogram(chunk.hist.numpy(), valid)
     return pa.table(arrays)
 
 
-def _identity_arrays(identities: Identities) -> dict[str, Any]:
-    """Arrow arrays of every identity's and form's columns, rebuilt when new ones appeared."""
-    rows, forms = identities.identities, identities.forms
-    count = (len(rows), len(forms))
+class _Lookup:
+    """Per identity (or form) code: its index into each key column's distinct values."""
+
+    def __init__(self, identities: Identities, count: tuple[int, int]) -> None:
+        rows, forms = identities.identities[: count[0]], identities.forms[: count[1]]
+        values: dict[str, list[str]] = {
+            "phase": [row.phase for row in rows],
+            "module": [row.module for row in rows],
+            "module_type": [row.module_type for row in rows],
+            "kind": [row.kind.value for row in rows],
+            "tensor": [row.tensor for row in rows],
+            "dtype": [form.dtype for form in forms],
+        }
+        self._columns = {name: _encode(column) for name, column in values.items()}
+        self.calls = np.array([row.call for row in rows], dtype=np.int32)
+        self.shapes = pa.array([list(form.shape) for form in forms], type=pa.list_(pa.int64()))
+        self.has_histogram = np.array([form.has_histogram for form in forms], dtype=bool)
+
+    def column(self, name: str, codes: np.ndarray) -> pa.DictionaryArray:
+        index, dictionary = self._columns[name]
+        return pa.DictionaryArray.from_arrays(pa.array(index[codes]), dictionary)
+
+
+def _encode(values: list[str]) -> tuple[np.ndarray, pa.Array]:
+    """Each value's index into the distinct values, and those values."""
+    distinct: dict[str, int] = {}
+    index = np.array([distinct.setdefault(value, len(distinct)) for value in values], np.int32)
+    return index, pa.array(list(distinct), type=pa.string())
+
+
+def _identity_lookup(identities: Identities) -> _Lookup:
+    """The lookup of every identity and form so far, rebuilt when new ones appeared."""
+    count = (len(identities.identities), len(identities.forms))
     cached = identities.cache.get("arrow")
     if cached is not None and cached[0] == count:
-        lookup: dict[str, Any] = cached[1]
+        lookup: _Lookup = cached[1]
         return lookup
-    rows, forms = rows[: count[0]], forms[: count[1]]
-    lookup = {
-        name: pa.array([row[position] for row in rows], type=pa.string())
-        for position, name in enumerate(IDENTITY_COLUMNS)
-        if name not in ("kind", "call")
-    }
-    lookup["kind"] = pa.array([row.kind.value for row in rows], type=pa.string())
-    lookup["call"] = pa.array([row.call for row in rows], type=pa.int32())
-    lookup["dtype"] = pa.array([form.dtype for form in forms], type=pa.string())
-    lookup["shape"] = pa.array([list(form.shape) for form in forms], type=pa.list_(pa.int64()))
-    lookup["has_histogram"] = np.array([form.has_histogram for form in forms], dtype=bool)
+    lookup = _Lookup(identities, count)
     identities.cache["arrow"] = (count, lookup)
     return lookup
 
@@ -96,8 +117,7 @@ def _trimmed_histogram(counts: np.ndarray, valid: np.ndarray) -> tuple[pa.Array,
     """``(hist_lo, hist)`` arrays: each row's counts from its first to last non-zero slot.
 
     Histogram rows are wide (256 slots) and mostly zero, so the search for the first and last
-    non-zero slot runs on the mask packed into bits, and only a window as wide as the widest
-    row is gathered.
+    non-zero slot runs on the mask packed into bits, and only the windows are gathered.
     """
     rows, slots = counts.shape
     packed = np.packbits(counts != 0, axis=1)  # (rows, slots / 8), first slot in the top bit
@@ -110,13 +130,12 @@ def _trimmed_histogram(counts: np.ndarray, valid: np.ndarray) -> tuple[pa.Array,
     hi = last_byte * 8 + 8 - _TRAILING_ZEROS[packed[index, last_byte]]
     lo = np.where(has_any, lo, 0)
     lengths = np.where(has_any, np.minimum(hi, slots) - lo, 0)
-    width = int(lengths.max(initial=0))
-    # Flat positions of each row's window; those past the row's own length are masked out.
-    positions = (index * slots + lo)[:, None] + np.arange(width)
-    wanted = positions[np.arange(width) < lengths[:, None]]
-    values = pa.array(np.take(counts.reshape(-1), wanted).astype(np.int64), type=pa.int64())
     offsets = np.zeros(rows + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
+    # Flat position of each kept slot: its place in the output plus its row's shift.
+    positions = np.repeat(index * slots + lo - offsets[:-1], lengths)
+    positions += np.arange(len(positions))
+    values = pa.array(counts.reshape(-1)[positions].astype(np.int64), type=pa.int64())
     hist = pa.ListArray.from_arrays(pa.array(offsets), values, mask=pa.array(~valid))
     return pa.array(lo.astype(np.int16), type=pa.int16(), mask=~valid), hist
 

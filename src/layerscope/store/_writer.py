@@ -8,6 +8,7 @@ import os
 import platform
 import socket
 import sys
+import threading
 import time
 import uuid
 from typing import Any
@@ -27,6 +28,11 @@ from layerscope.store._layout import (
     next_segment,
     segment_name,
     segment_range,
+)
+
+_STRING_TYPES = ("string", "dictionary<values=string, indices=int32, ordered=0>")
+_KEY_COLUMNS = frozenset(
+    ("step", "phase", "rank", "module", "module_type", "kind", "tensor", "call", "name", "seq")
 )
 
 
@@ -90,6 +96,8 @@ class ParquetStore:
         self._meta: dict[str, Any] = {}
         self._written_rows = 0
         self._steps = 0
+        self._in_flight: threading.Thread | None = None
+        self._file_error: OSError | None = None
 
     def __repr__(self) -> str:
         return f"ParquetStore({self.path!r})"
@@ -154,36 +162,74 @@ class ParquetStore:
             self._calls = calls_table(records.calls)
 
     def flush(self) -> None:
-        """Write one segment per table that has rows waiting, then refresh ``run.json``."""
+        """Start writing one segment per table that has rows waiting, then ``run.json``.
+
+        The files are written by a thread of their own, so that the next rows convert while
+        these are compressed and written; one flush at a time is in flight. An ``OSError`` of
+        a flush is raised by the next ``flush`` or ``sync``, its rows counted as dropped.
+        """
         pyarrow = require("pyarrow", "dataframe")
+        error = self._join_in_flight()
+        tables = {}
         for table, pieces in self._pending.items():
-            if not pieces:
-                continue
-            self._pending[table] = []
-            data = pyarrow.concat_tables(pieces, promote_options="permissive")
+            if pieces:
+                self._pending[table] = []
+                tables[table] = pyarrow.concat_tables(pieces, promote_options="permissive")
+        calls, self._calls = self._calls, None
+        thread = threading.Thread(
+            target=self._write_segments,
+            args=(tables, calls, self._steps),
+            name="layerscope-files",
+            daemon=True,  # the atexit close of a scope still flushes through it
+        )
+        thread.start()
+        self._in_flight = thread
+        if error is not None:
+            raise error
+
+    def sync(self) -> None:
+        """Wait for the flush in flight; raise its ``OSError``, if it had one."""
+        error = self._join_in_flight()
+        if error is not None:
+            raise error
+
+    def _join_in_flight(self) -> OSError | None:
+        thread, self._in_flight = self._in_flight, None
+        if thread is not None:
+            thread.join()
+        error, self._file_error = self._file_error, None
+        return error
+
+    def _write_segments(self, tables: dict[str, Any], calls: Any, steps: int) -> None:
+        """Write each table's segment, then ``run.json``; a table that fails drops its rows."""
+        for table, data in tables.items():
             index = self._segments[table]
             try:
                 self._write_table(f"{table}/{segment_name(index)}", data)
-            except OSError:
+            except OSError as error:
                 self.dropped_rows += data.num_rows
-                raise
+                self._file_error = self._file_error or error
+                continue
             self._segments[table] = index + 1
             self._written_rows += data.num_rows if table == "stats" else 0
-        if self._calls is not None:
-            calls, self._calls = self._calls, None
-            self._write_table(CALLS_FILE, calls)
-        self._meta.update(
-            updated=time.time(),
-            steps=self._steps,
-            written_rows=self._written_rows,
-            dropped_rows=self.dropped_rows,
-        )
-        self._write_meta()
+        try:
+            if calls is not None:
+                self._write_table(CALLS_FILE, calls)
+            self._meta.update(
+                updated=time.time(),
+                steps=steps,
+                written_rows=self._written_rows,
+                dropped_rows=self.dropped_rows,
+            )
+            self._write_meta()
+        except OSError as error:
+            self._file_error = self._file_error or error
 
     def close(self, summary: RunSummary) -> None:
         """Write what waits, compact each table into one file and record how the run ended."""
         try:
             self.flush()
+            self.sync()
         finally:
             for table in SEGMENTED_TABLES:
                 self._compact(table)
@@ -224,11 +270,19 @@ class ParquetStore:
         parquet = require("pyarrow.parquet", "dataframe")
         metadata = {b"layerscope.schema": str(SCHEMA_VERSION).encode()}
         data = data.replace_schema_metadata({**(data.schema.metadata or {}), **metadata})
-        strings = [f.name for f in data.schema if str(f.type) == "string"]
+        strings = [f.name for f in data.schema if str(f.type) in _STRING_TYPES]
         self._atomic(
             relative,
             lambda file: parquet.write_table(
-                data, file, compression="lz4", use_dictionary=strings or False
+                data,
+                file,
+                compression="lz4",
+                use_dictionary=strings or False,
+                # Min and max help queries skip row groups by key; on statistics and
+                # histograms they only cost time.
+                write_statistics=[name for name in data.column_names if name in _KEY_COLUMNS],
+                # Readers get plain strings, not the dictionary arrays the writer built.
+                store_schema=False,
             ),
         )
 
