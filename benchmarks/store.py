@@ -36,6 +36,7 @@ from layerscope._table import (
     Identities,
     Identity,
     Reading,
+    arrive,
     finalize_merged,
     merge_batch,
 )
@@ -162,7 +163,7 @@ def finalise_and_write_rate(directory: Path, steps: int) -> float:
     selection = StatSelection()
     start = time.perf_counter()
     for index, batch in enumerate(batches):
-        merged, _ = merge_batch(batch, None)
+        merged, _ = merge_batch(batch, None, arrive(batch))
         assert merged is not None
         store.write(Records(stats=finalize_merged(merged, 0, selection, identities)))
         if index % 10 == 9:

@@ -54,8 +54,9 @@ def _hook_count(model, optimizer=None):
     return count
 
 
+@pytest.mark.parametrize("every", [1, layerscope.Schedule(every=3)], ids=["every", "sentinel"])
 @pytest.mark.parametrize("with_optimizer", [True, False])
-def test_training_is_bit_identical_with_and_without_watch(with_optimizer):
+def test_training_is_bit_identical_with_and_without_watch(with_optimizer, every):
     reference = _net()
     watched = copy.deepcopy(reference)
     ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-2)
@@ -64,7 +65,7 @@ def test_training_is_bit_identical_with_and_without_watch(with_optimizer):
 
     kinds = ALL_KINDS if with_optimizer else tuple(k for k in ALL_KINDS if k != "update")
     scope = layerscope.watch(
-        watched, optimizer=opt if with_optimizer else None, every=1, capture=kinds
+        watched, optimizer=opt if with_optimizer else None, every=every, capture=kinds
     )
     with scope:
         _train(watched, opt, steps=5, scope=None if with_optimizer else scope)
@@ -150,14 +151,15 @@ def test_nothing_holds_an_activation_alive():
         assert len(scope.frame()) > 0
 
 
-def test_hot_path_never_reads_back_to_host(monkeypatch):
+@pytest.mark.parametrize("every", [1, layerscope.Schedule(every=2)], ids=["every", "sentinel"])
+def test_hot_path_never_reads_back_to_host(monkeypatch, every):
     model = _net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     custom = {"rms": lambda t: t.float().pow(2).mean().sqrt()}
     scope = layerscope.watch(
         model,
         optimizer=optimizer,
-        every=1,
+        every=every,
         capture=ALL_KINDS,
         stats=[*layerscope.stats.BUILTIN_STATS, custom],
     )
@@ -167,7 +169,7 @@ def test_hot_path_never_reads_back_to_host(monkeypatch):
         raise AssertionError("host sync in the hot path")
 
     with scope:
-        for _ in range(2):
+        for _ in range(4):
             with monkeypatch.context() as patched:
                 for name in ("item", "tolist", "__bool__"):
                     patched.setattr(torch.Tensor, name, forbidden)
@@ -179,6 +181,7 @@ def test_hot_path_never_reads_back_to_host(monkeypatch):
     frame = scope.frame()
     assert set(frame.kind) == set(ALL_KINDS)
     assert frame.rms.notna().any()
+    assert frame.sentinel.any() == (every != 1)
 
 
 def test_a_monitoring_failure_warns_once_counts_and_training_goes_on(monkeypatch):
@@ -225,12 +228,13 @@ def test_a_failing_custom_stat_is_skipped_and_the_rest_recorded():
 
 
 @pytest.mark.cuda
-def test_cuda_hot_path_has_no_sync():
+@pytest.mark.parametrize("every", [1, layerscope.Schedule(every=2)], ids=["every", "sentinel"])
+def test_cuda_hot_path_has_no_sync(every):
     model = _net().cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(8, 1, 8, 8, device="cuda"), torch.randint(0, 10, (8,), device="cuda")
-    with layerscope.watch(model, optimizer=optimizer, every=1, capture=ALL_KINDS) as scope:
-        for _ in range(3):
+    with layerscope.watch(model, optimizer=optimizer, every=every, capture=ALL_KINDS) as scope:
+        for _ in range(4):
             torch.cuda.set_sync_debug_mode("error")
             try:
                 loss = nn.functional.cross_entropy(model(x), y)
@@ -243,3 +247,4 @@ def test_cuda_hot_path_has_no_sync():
     assert scope.failures == 0
     frame = scope.frame()
     assert len(frame.query("kind == 'grad'")) > 0
+    assert frame.sentinel.any() == (every != 1)

@@ -238,11 +238,11 @@ def test_scalars_of_unrecorded_steps_do_not_pile_up():
 
     model = nn.Linear(2, 2)
     with layerscope.watch(model, every=layerscope.Schedule(stop=1)) as scope:
-        for step in range(3 * _recorder.SCALARS_PER_FLUSH):
+        for step in range(3 * _recorder.UNRECORDED_PER_FLUSH):
             scope.step(loss=torch.tensor(float(step)))
-            assert len(scope._recorder.scalars) <= _recorder.SCALARS_PER_FLUSH
+            assert len(scope._recorder.scalars) <= _recorder.UNRECORDED_PER_FLUSH
     losses = scope.frame("scalars")
-    assert losses.value.tolist() == [float(s) for s in range(3 * _recorder.SCALARS_PER_FLUSH)]
+    assert losses.value.tolist() == [float(s) for s in range(3 * _recorder.UNRECORDED_PER_FLUSH)]
 
 
 def test_weight_grads_under_grad_scaler_are_unscaled():

@@ -73,7 +73,9 @@ def test_every_n_records_only_those_steps_and_counts_all_steps():
         for _ in range(7):
             _step(model, scope)
         assert scope.current_step == 7
-    assert sorted(set(scope.frame().step)) == [0, 3, 6]
+    frame = scope.frame()
+    assert sorted(set(frame[~frame.sentinel].step)) == [0, 3, 6]
+    assert sorted(set(frame[frame.sentinel].step)) == [1, 2, 4, 5]
 
 
 def test_default_selection_skips_containers_and_keeps_leaves():
@@ -184,6 +186,7 @@ def test_frame_has_the_contract_columns_and_custom_ones():
         "kind",
         "tensor",
         "call",
+        "sentinel",
         "dtype",
         "shape",
         "numel",

@@ -2,14 +2,16 @@
 
 Each row holds the partials of one recorded tensor followed by its histogram: float64 keeps
 the histogram counts exact (below 2**53) and lets partials and histogram share one buffer. Loose
-values (custom statistics, scalar tensors) gather in a list beside it. A flush concatenates
-both into one payload and copies it to the host in one transfer: non-blocking into pinned
-memory on CUDA, with an event to wait on before the host reads it.
+values (custom statistics, scalar tensors) gather in a list beside it, and so do the sentinel's
+extremes, one (min, max) pair of 0-d tensors per tensor watched. A flush concatenates all of it
+into one payload and copies it to the host in one transfer: non-blocking into pinned memory on
+CUDA, with an event to wait on before the host reads it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -27,14 +29,28 @@ class HostCopy:
     rows: int
     row_width: int
     event: torch.cuda.Event | None
+    extremes: int = 0  # (min, max) pairs at the payload's end
 
-    def wait(self) -> tuple[Tensor, Tensor]:
-        """Block until the copy has landed; return ``(rows, values)``."""
+    def wait(self) -> Arrived:
+        """Block until the copy has landed; return its rows, values and extremes."""
         if self.event is not None:
             self.event.synchronize()
         payload = self.payload.cpu()  # a no-op on the host; a blocking copy from MPS or XPU
         split = self.rows * self.row_width
-        return payload[:split].view(self.rows, self.row_width), payload[split:]
+        end = payload.shape[0] - 2 * self.extremes
+        return Arrived(
+            payload[:split].view(self.rows, self.row_width),
+            payload[split:end],
+            payload[end:].view(self.extremes, 2),
+        )
+
+
+class Arrived(NamedTuple):
+    """A payload on the host: rows of partials, loose values, and (min, max) pairs."""
+
+    rows: Tensor
+    values: Tensor
+    extremes: Tensor
 
 
 class DeviceRows:
@@ -47,13 +63,14 @@ class DeviceRows:
         self._size = 0
         self._values: list[Tensor] = []
         self._values_size = 0
+        self._extremes: list[Tensor] = []
 
     def __len__(self) -> int:
         return self._size
 
     def has_content(self) -> bool:
         """Whether anything waits to be taken."""
-        return self._size > 0 or self._values_size > 0
+        return self._size > 0 or self._values_size > 0 or bool(self._extremes)
 
     def append(self, row: Tensor, hist: Tensor | None) -> int:
         """Store one row of partials (and its histogram); return its index."""
@@ -76,22 +93,31 @@ class DeviceRows:
         self._values_size += flat.numel()
         return offset, flat.numel()
 
+    def add_extremes(self, low: Tensor, high: Tensor) -> int:
+        """Keep a tensor's minimum and maximum (0-d, any float dtype); return their index."""
+        self._extremes += (low, high)
+        return len(self._extremes) // 2 - 1
+
     def take(self) -> HostCopy:
         """Start the copy of everything stored so far to the host and empty the buffer.
 
         The buffer is reused at once: a later write is queued on the same stream after the
         copy, so it cannot change what the copy reads.
         """
-        payload = torch.cat([self._data[: self._size].reshape(-1), *self._values])
-        rows = self._size
+        parts = [self._data[: self._size].reshape(-1), *self._values]
+        if self._extremes:  # one stack for all pairs; it promotes bf16 and fp16 to fp32
+            parts.append(torch.stack(self._extremes).to(torch.float64))
+        payload = torch.cat(parts)
+        rows, extremes = self._size, len(self._extremes) // 2
         self._size = 0
         self._values = []
         self._values_size = 0
+        self._extremes = []
         if self.device.type != "cuda":
             # A fresh tensor, so the writer thread can copy it later, off the training thread.
-            return HostCopy(payload, rows, self.row_width, None)
+            return HostCopy(payload, rows, self.row_width, None, extremes)
         host = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=True)
         host.copy_(payload, non_blocking=True)
         event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # untyped in torch
         event.record()
-        return HostCopy(host, rows, self.row_width, event)
+        return HostCopy(host, rows, self.row_width, event, extremes)

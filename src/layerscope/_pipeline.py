@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from layerscope._errors import FailureCounter
-from layerscope._table import Batch, Identities, Merged, finalize_merged, merge_batch
+from layerscope._table import (
+    Batch,
+    Identities,
+    Merged,
+    arrive,
+    finalize_merged,
+    merge_batch,
+    sentinel_chunk,
+)
 from layerscope.sinks._base import Records, RunSummary, Sink
 from layerscope.stats import StatSelection
 
@@ -66,8 +74,8 @@ class Pipeline:
         try:
             self._queue.put_nowait(item)
         except queue.Full:
-            readings = item.readings if isinstance(item, Batch) else []
-            self.dropped_rows += len(readings) + len(item.scalars)
+            readings = len(item.readings) + len(item.extremes) if isinstance(item, Batch) else 0
+            self.dropped_rows += readings + len(item.scalars)
             self._failures.record("writing", RuntimeError("the writer fell behind"))
 
     def drain(self) -> None:
@@ -114,16 +122,23 @@ class Pipeline:
 
     def _process(self, batch: Batch) -> None:
         try:
-            merged, scalars = merge_batch(batch, self._carry)
+            arrived = arrive(batch)
+            merged, scalars = merge_batch(batch, self._carry, arrived)
+            sentinel = sentinel_chunk(
+                batch.extremes, arrived, self._rank, self._selection, self._identities
+            )
         except Exception:
             self._carry = None
-            self.dropped_rows += len(batch.readings)
+            self.dropped_rows += len(batch.readings) + len(batch.extremes)
             raise
         self._carry = None if batch.final else merged
         stats = None
         if batch.final and merged is not None:
             stats = finalize_merged(merged, self._rank, self._selection, self._identities)
             self.recorded_rows += len(stats)
+        if sentinel is not None:
+            self.recorded_rows += len(sentinel)
+            self.sink.write(Records(stats=sentinel))
         if stats is not None or scalars:
             self.sink.write(Records(stats=stats, scalars=scalars))
 

@@ -17,16 +17,16 @@ from torch import Tensor
 from layerscope._buffer import DeviceRows
 from layerscope._kinds import STATE_KINDS, Kind
 from layerscope._pipeline import Pipeline
-from layerscope._table import Batch, Form, Identities, Identity, Reading
+from layerscope._table import Batch, Extreme, Form, Identities, Identity, Reading
 from layerscope.stats import CustomStat, HistogramSpec, tensor_partials
 
 # A step with many forward passes (long evaluations, much gradient accumulation) flushes when
 # this many readings wait, so that device memory stays bounded; the host merges the pieces.
 ROWS_PER_FLUSH = 4096
-# Scalars of unrecorded steps wait for the next recorded one, or until this many wait, or
-# this many seconds have passed since the last flush.
-SCALARS_PER_FLUSH = 512
-SCALARS_MAX_WAIT_SECONDS = 1.0
+# Scalars and sentinel readings of unrecorded steps wait for the next recorded step, or until
+# this many wait, or this many seconds have passed since the last flush.
+UNRECORDED_PER_FLUSH = 4096
+UNRECORDED_MAX_WAIT_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,7 @@ class Recorder:
         self.pipeline = pipeline
         self.buffers: dict[torch.device, tuple[int, DeviceRows]] = {}
         self.readings: list[Reading] = []
+        self.extremes: list[Extreme] = []
         self.scalars: list[tuple[int, str, float | tuple[int, int]]] = []
         self.rows_per_flush = ROWS_PER_FLUSH
         self.partial = False  # the current step has flushed part of its readings
@@ -105,6 +106,40 @@ class Recorder:
         if len(self.readings) >= self.rows_per_flush:
             self.flush(final=False)
 
+    def record_extremes(
+        self,
+        step: int,
+        target: Target,
+        kind: Kind,
+        name: str,
+        call: int,
+        phase: str,
+        tensor: Tensor,
+    ) -> None:
+        """The sentinel: keep the minimum and maximum of ``tensor``, one reduction, no sync.
+
+        NaN and Inf propagate into them, so a non-finite value shows; tensors that are not
+        floating point or are empty are skipped.
+        """
+        if not tensor.is_floating_point() or tensor.numel() == 0:
+            return
+        with torch.no_grad():
+            low, high = torch.aminmax(tensor.detach())
+        buffer_id, rows = self._rows_on(tensor.device)
+        index = rows.add_extremes(low, high)
+        identity = Identity(phase, target.name, target.module_type, kind, name, call)
+        form = Form(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+        self.extremes.append(
+            Extreme(
+                step,
+                self.identities.code(identity),
+                self.identities.form_code(form),
+                buffer_id,
+                index,
+                tensor.numel(),
+            )
+        )
+
     def add_scalars(self, step: int, scalars: Mapping[str, float | Tensor]) -> None:
         """Keep scalars of ``step``; tensors stay on their device until the flush."""
         for name, value in scalars.items():
@@ -126,15 +161,16 @@ class Recorder:
                 )
 
     def has_pending(self) -> bool:
-        """Whether readings or scalars wait, or a step has flushed only part of its readings."""
-        return bool(self.readings or self.scalars or self.partial)
+        """Whether anything waits, or a step has flushed only part of its readings."""
+        return bool(self.readings or self.extremes or self.scalars or self.partial)
 
-    def scalars_due(self) -> bool:
-        """Whether waiting scalars should go now, although the step records nothing."""
-        if not self.scalars:
+    def unrecorded_due(self) -> bool:
+        """Whether scalars and sentinel readings should go now, though the step records nothing."""
+        waiting = len(self.scalars) + len(self.extremes)
+        if not waiting:
             return False
         waited = time.monotonic() - self.last_flush
-        return len(self.scalars) >= SCALARS_PER_FLUSH or waited >= SCALARS_MAX_WAIT_SECONDS
+        return waiting >= UNRECORDED_PER_FLUSH or waited >= UNRECORDED_MAX_WAIT_SECONDS
 
     def flush(self, final: bool) -> None:
         """Start the copy of what the buffers hold to the host; ``final`` ends a step."""
@@ -143,8 +179,8 @@ class Recorder:
             for buffer_id, rows in self.buffers.values()
             if rows.has_content()
         }
-        self.pipeline.submit(Batch(self.readings, copies, self.scalars, final))
-        self.readings, self.scalars = [], []
+        self.pipeline.submit(Batch(self.readings, copies, self.scalars, final, self.extremes))
+        self.readings, self.scalars, self.extremes = [], [], []
         self.partial = not final
         self.last_flush = time.monotonic()
 

@@ -1,4 +1,4 @@
-"""Which steps get full statistics."""
+"""Which steps get full statistics, and which the cheap per-step sentinel."""
 
 from __future__ import annotations
 
@@ -9,24 +9,35 @@ from dataclasses import dataclass
 class Schedule:
     """Steps that are recorded: the first ``dense`` steps from ``start``, then every ``every``.
 
+    Every other step before ``stop`` gets the sentinel, unless ``sentinel=False``: the minimum
+    and maximum of each watched activation and gradient, one reduction per tensor, so that a
+    NaN, an Inf or a spike between recorded steps is seen at the step and layer where it
+    happened.
+
     Args:
         every: record one step in ``every`` (counted from ``start``).
         start: first step that may be recorded.
-        stop: first step that is no longer recorded; None records to the end.
+        stop: first step that is no longer recorded nor watched; None goes on to the end.
         dense: record every step of the first ``dense`` steps from ``start``, then go sparse.
+        sentinel: watch the steps that are not recorded with the sentinel.
 
     Example:
         >>> schedule = Schedule(every=10, dense=3)
         >>> [step for step in range(25) if schedule.records(step)]
         [0, 1, 2, 10, 20]
+        >>> schedule.sentinel_at(4), schedule.sentinel_at(10)
+        (True, False)
     """
 
     every: int = 1
     start: int = 0
     stop: int | None = None
     dense: int = 0
+    sentinel: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sentinel, bool):
+            raise TypeError(f"Schedule: sentinel must be a bool, got {self.sentinel!r}")
         for name in ("every", "start", "dense"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -48,9 +59,21 @@ class Schedule:
         since_start = step - self.start
         return since_start < self.dense or since_start % self.every == 0
 
-    def to_dict(self) -> dict[str, int | None]:
+    def sentinel_at(self, step: int) -> bool:
+        """Whether ``step`` gets the sentinel: every step before ``stop`` not recorded."""
+        if not self.sentinel or (self.stop is not None and step >= self.stop):
+            return False
+        return not self.records(step)
+
+    def to_dict(self) -> dict[str, int | bool | None]:
         """JSON-ready form, saved with the run."""
-        return {"every": self.every, "start": self.start, "stop": self.stop, "dense": self.dense}
+        return {
+            "every": self.every,
+            "start": self.start,
+            "stop": self.stop,
+            "dense": self.dense,
+            "sentinel": self.sentinel,
+        }
 
 
 #: What ``every=None`` means: every step of the first 10, where most training pathologies

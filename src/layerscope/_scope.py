@@ -74,7 +74,11 @@ class Scope:
 
         self._step = 0
         self._seconds = 0.0  # what layerscope cost the training thread, see cost_seconds
-        self._recording = self._schedule.records(0)
+        # Which kinds the sentinel watches on the steps that are not recorded.
+        self._sentinel_kinds = self._kinds & {Kind.ACTIVATION, Kind.GRAD}
+        self._recording = False
+        self._watching = False  # the step gets the sentinel
+        self._set_step_mode()
         self._closed = False
         self._identities = Identities()
 
@@ -321,15 +325,16 @@ class Scope:
     def _gated(self, hook: Callable[..., None]) -> Callable[..., None]:
         """``hook`` behind a gate that torch.compile traces away on unrecorded steps.
 
-        The gate reads a Python bool that dynamo guards on, so a compiled model keeps one
-        graph on unrecorded steps; on recorded steps the hook runs eagerly as a graph break,
-        and the statistics are exactly those of an eager run. The bool changes only between
-        steps, never within a forward pass.
+        The gate reads Python bools that dynamo guards on, so a compiled model keeps one
+        graph on unrecorded steps, where the sentinel watches only what runs eagerly; on
+        recorded steps the hook runs eagerly as a graph break, and the statistics are exactly
+        those of an eager run. The bools change only between steps, never within a forward.
         """
         eager: Callable[..., None] = torch.compiler.disable(hook)  # type: ignore[no-untyped-call]  # untyped in torch
 
         def gate(*args: Any, **kwargs: Any) -> None:
-            if self._recording:
+            # The sentinel stays out of compiled code: it would break the graph every step.
+            if self._recording or (self._watching and not torch.compiler.is_compiling()):
                 eager(*args, **kwargs)
 
         return gate
@@ -346,7 +351,7 @@ class Scope:
             # The phase is decided where the model is entered: a reentrant checkpoint inside
             # runs under no_grad but is still training.
             self._root_phase = TRAIN if module.training and torch.is_grad_enabled() else EVAL
-            if self._recording and not in_backward():
+            if not in_backward():
                 self._call_counts.clear()  # a new forward pass: micro-batches merge by call
         self._root_depth += 1
 
@@ -373,7 +378,7 @@ class Scope:
             self._seconds += time.perf_counter() - start
 
     def _on_exit(self, target: Target, module: nn.Module, args: Any, output: Any) -> None:
-        if not self._recording:
+        if not (self._recording or self._watching):
             return
         start = time.perf_counter()
         try:
@@ -381,16 +386,17 @@ class Scope:
                 self._on_recompute(target, output)
                 return
             phase = self._phase()
+            if not self._recording and phase != TRAIN:
+                return  # the sentinel watches training, not evaluation
             key = (target.name, phase)
             call = self._call_counts.get(key, 0)
             self._call_counts[key] = call + 1
-            if phase == TRAIN and self._calls_open:
+            if phase == TRAIN and self._calls_open and self._recording:
                 self._log_call("exit", target, call)
+            record = self._recorder.record if self._recording else self._recorder.record_extremes
             if Kind.ACTIVATION in self._kinds:
                 for name, tensor in named_tensors(output, "out"):
-                    self._recorder.record(
-                        self._step, target, Kind.ACTIVATION, name, call, phase, tensor
-                    )
+                    record(self._step, target, Kind.ACTIVATION, name, call, phase, tensor)
             if Kind.GRAD in self._kinds and phase == TRAIN:
                 hooked = self._hook_grads(target, call, output)
                 if not hooked and not torch.is_grad_enabled():
@@ -422,11 +428,12 @@ class Scope:
         return hooked
 
     def _on_grad(self, target: Target, name: str, call: int, grad: Tensor | None) -> None:
-        if self._closed or not self._recording or grad is None:
+        if self._closed or not (self._recording or self._watching) or grad is None:
             return
         start = time.perf_counter()
         try:
-            self._recorder.record(self._step, target, Kind.GRAD, name, call, TRAIN, grad)
+            record = self._recorder.record if self._recording else self._recorder.record_extremes
+            record(self._step, target, Kind.GRAD, name, call, TRAIN, grad)
         except Exception as error:
             self._fail(f"the gradient hook of {target.name!r}", error)
         finally:
@@ -522,7 +529,7 @@ class Scope:
 
     def _end_step(self) -> None:
         recorder = self._recorder
-        if (self._recording and recorder.has_pending()) or recorder.scalars_due():
+        if (self._recording and recorder.has_pending()) or recorder.unrecorded_due():
             recorder.flush(final=True)
         if self._calls_step == self._step:
             self._calls_open = False
@@ -530,10 +537,15 @@ class Scope:
         if not self._calls_open:
             self._call_order_hooks.remove()
         self._step += 1
-        self._recording = self._schedule.records(self._step)
+        self._set_step_mode()
         self._call_counts.clear()
         self._checkpointed.clear()
         self._failures.warn_pending()
+
+    def _set_step_mode(self) -> None:
+        """Whether the new step is recorded, or watched by the sentinel."""
+        self._recording = self._schedule.records(self._step)
+        self._watching = bool(self._sentinel_kinds) and self._schedule.sentinel_at(self._step)
 
     def _send_calls(self) -> None:
         if self._calls and not self._calls_sent:

@@ -7,6 +7,10 @@ the same step and identity are merged (forward and backward kinds: micro-batches
 batches of a step add up) or replaced (parameter and buffer kinds: the last reading of a step
 is the one after accumulation), and the merged partials are finalised. Key columns stay
 integer codes until a consumer asks for them, so writers build them without a Python loop.
+
+The sentinel's readings (the minimum and maximum of a tensor on a step that is not recorded)
+become rows of their own, marked ``sentinel``, with ``numel``, ``min``, ``max`` and ``absmax``
+over all elements and every other statistic missing.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from layerscope._buffer import HostCopy
+from layerscope._buffer import Arrived, HostCopy
 from layerscope._kinds import Kind
 from layerscope.stats import WIDTH, StatSelection, finalize, merge_groups
 
 KEY_COLUMNS = ("step", "phase", "rank", "module", "module_type", "kind", "tensor", "call")
-META_COLUMNS = ("dtype", "shape", "numel")
+META_COLUMNS = ("sentinel", "dtype", "shape", "numel")
+#: What a sentinel row holds besides its keys; its other statistics are missing.
+SENTINEL_STATS = ("numel", "min", "max", "absmax")
 IDENTITY_COLUMNS = ("phase", "module", "module_type", "kind", "tensor", "call")
 FORM_COLUMNS = ("dtype", "shape")
 
@@ -116,6 +122,17 @@ class Reading(NamedTuple):
     custom: tuple[tuple[str, int, int, bool, int], ...] = ()
 
 
+class Extreme(NamedTuple):
+    """A sentinel reading: the (min, max) pair ``pair`` of buffer ``buffer``."""
+
+    step: int
+    identity: int
+    form: int
+    buffer: int
+    pair: int
+    numel: int
+
+
 @dataclass(slots=True)
 class Batch:
     """Readings of one flush and the copies that bring their buffers to the host.
@@ -128,6 +145,7 @@ class Batch:
     copies: dict[int, HostCopy]
     scalars: list[tuple[int, str, float | tuple[int, int]]] = field(default_factory=list)
     final: bool = True
+    extremes: list[Extreme] = field(default_factory=list)
 
 
 # A custom statistic of a group being merged: numel-weighted sum, total weight, and whether the
@@ -157,6 +175,7 @@ class Chunk:
     stats: dict[str, Tensor]  # numel and the built-in statistics kept, each (rows,)
     custom: dict[str, list[Any]] = field(default_factory=dict)
     hist: Tensor | None = None  # (rows, slots) float64 counts (exact below 2**53), if kept
+    sentinel: bool = False  # rows of the sentinel: only SENTINEL_STATS are there
 
     def __len__(self) -> int:
         return int(self.step.shape[0])
@@ -169,6 +188,7 @@ class Chunk:
         columns: dict[str, list[Any]] = {
             "step": self.step.tolist(),
             "rank": [self.rank] * len(rows),
+            "sentinel": [self.sentinel] * len(rows),
         }
         for position, name in enumerate(IDENTITY_COLUMNS):
             columns[name] = [row[position] for row in rows]
@@ -187,15 +207,19 @@ class Chunk:
         return [forms[code].has_histogram for code in self.form.tolist()]
 
 
+def arrive(batch: Batch) -> dict[int, Arrived]:
+    """Wait for the batch's copies to reach the host."""
+    return {buffer: copy.wait() for buffer, copy in batch.copies.items()}
+
+
 def merge_batch(
-    batch: Batch, carry: Merged | None
+    batch: Batch, carry: Merged | None, arrived: Mapping[int, Arrived]
 ) -> tuple[Merged | None, list[tuple[int, str, float]]]:
-    """Wait for the batch's copies and merge its readings, and what ``carry`` holds, by key.
+    """Merge the batch's readings, and what ``carry`` holds, by key.
 
     Readings of forward and backward kinds that share step and identity merge; for parameter
     and buffer kinds the latest reading replaces earlier ones.
     """
-    arrived = {buffer: copy.wait() for buffer, copy in batch.copies.items()}
     scalars = [
         (step, name, value if isinstance(value, float) else _value(arrived, value))
         for step, name, value in batch.scalars
@@ -203,7 +227,7 @@ def merge_batch(
     sources = [carry.rows] if carry is not None else []
     offsets: dict[int, int] = {}
     start = sources[0].shape[0] if sources else 0
-    for buffer, (rows, _) in arrived.items():
+    for buffer, (rows, _, _) in arrived.items():
         offsets[buffer] = start
         start += rows.shape[0]
         sources.append(rows)
@@ -277,10 +301,63 @@ def finalize_merged(
     )
 
 
-def _custom_sums(
-    reading: Reading, arrived: Mapping[int, tuple[Tensor, Tensor]]
-) -> dict[str, _CustomSum]:
-    values = arrived[reading.buffer][1]
+def sentinel_chunk(
+    extremes: Sequence[Extreme],
+    arrived: Mapping[int, Arrived],
+    rank: int,
+    selection: StatSelection,
+    identities: Identities,
+) -> Chunk | None:
+    """The sentinel's rows: readings of one step and identity (micro-batches) merged.
+
+    Minima and maxima merge with NaN winning, as they were taken: a NaN anywhere shows.
+    """
+    if not extremes:
+        return None
+    groups: dict[tuple[int, int], int] = {}
+    group_of = [groups.setdefault((e.step, e.identity), len(groups)) for e in extremes]
+    first: dict[int, int] = {}
+    for position, code in enumerate(group_of):
+        first.setdefault(code, position)
+    pairs = torch.empty(len(extremes), 2, dtype=torch.float64)
+    buffer_of = torch.tensor([e.buffer for e in extremes])
+    pair_of = torch.tensor([e.pair for e in extremes])
+    for buffer, got in arrived.items():
+        here = buffer_of == buffer
+        pairs[here] = got.extremes[pair_of[here]]
+    count = len(groups)
+    group = torch.tensor(group_of)
+    low = torch.full((count,), torch.inf, dtype=torch.float64)
+    low = low.scatter_reduce(0, group, pairs[:, 0], reduce="amin")  # NaN propagates
+    high = torch.full((count,), -torch.inf, dtype=torch.float64)
+    high = high.scatter_reduce(0, group, pairs[:, 1], reduce="amax")
+    numel = torch.zeros(count, dtype=torch.int64).index_add_(
+        0, group, torch.tensor([e.numel for e in extremes], dtype=torch.int64)
+    )
+    measured = {
+        "numel": numel,
+        "min": low,
+        "max": high,
+        "absmax": torch.maximum(low.abs(), high.abs()),
+    }
+    keys = torch.tensor(list(groups), dtype=torch.int64).reshape(-1, 2)
+    return Chunk(
+        step=keys[:, 0],
+        identity=keys[:, 1],
+        form=torch.tensor([extremes[first[g]].form for g in range(count)], dtype=torch.int64),
+        identities=identities,
+        rank=rank,
+        stats={
+            name: values
+            for name, values in measured.items()
+            if name == "numel" or name in selection.builtin
+        },
+        sentinel=True,
+    )
+
+
+def _custom_sums(reading: Reading, arrived: Mapping[int, Arrived]) -> dict[str, _CustomSum]:
+    values = arrived[reading.buffer].values
     sums: dict[str, _CustomSum] = {}
     for name, offset, length, is_scalar, numel in reading.custom:
         weight = float(max(1, numel))
@@ -309,20 +386,25 @@ def _custom_value(total: _CustomSum | None) -> float | list[float] | None:
     return float(mean[0]) if is_scalar else [float(v) for v in mean]
 
 
-def _value(arrived: Mapping[int, tuple[Tensor, Tensor]], where: tuple[int, int]) -> float:
+def _value(arrived: Mapping[int, Arrived], where: tuple[int, int]) -> float:
     buffer, offset = where
-    return float(arrived[buffer][1][offset])
+    return float(arrived[buffer].values[offset])
 
 
 def chunks_to_columns(chunks: Sequence[Chunk]) -> dict[str, list[Any]]:
     """All chunks' columns joined as Python lists; ``hist`` holds int64 tensors or None."""
     joined: dict[str, list[Any]] = {}
     hist: list[Tensor | None] = []
+    rows = 0
     for chunk in chunks:
         size = len(chunk)
         for name, column in chunk.columns().items():
             values = column.tolist() if isinstance(column, Tensor) else column
-            joined.setdefault(name, []).extend(values)
+            # A column the earlier chunks lacked (sentinel rows have few) is missing there.
+            joined.setdefault(name, [None] * rows).extend(values)
+        rows += size
+        for column in joined.values():
+            column.extend([None] * (rows - len(column)))
         if chunk.hist is None:
             hist.extend([None] * size)
         else:

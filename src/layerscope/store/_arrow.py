@@ -52,6 +52,7 @@ def stats_table(chunk: Chunk) -> pa.Table:
             arrays[name] = pa.array(lookup.calls[identity], type=pa.int32())
         else:
             arrays[name] = lookup.column(name, identity)
+    arrays["sentinel"] = pa.array(np.full(len(chunk), chunk.sentinel))
     arrays["dtype"] = lookup.column("dtype", form)
     arrays["shape"] = lookup.shapes.take(pa.array(form))
     for name, column in chunk.stats.items():

@@ -1,0 +1,181 @@
+"""The per-step sentinel: min and max of every watched activation and gradient between
+recorded steps, checked against plain hooks in float64."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import layerscope
+from layerscope import Schedule
+
+
+class Poisoned(nn.Module):
+    """Adds ``value`` at step ``at``: a NaN or an Inf appears there, and spreads from there."""
+
+    def __init__(self, value: float, at: int) -> None:
+        super().__init__()
+        self.value, self.at, self.step = value, at, 0
+
+    def forward(self, x):
+        return x + self.value if self.step == self.at else x
+
+
+def _model(poison: Poisoned | None = None) -> nn.Sequential:
+    torch.manual_seed(0)
+    layers = [nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)]
+    if poison is not None:
+        layers.insert(2, poison)
+    return nn.Sequential(*layers)
+
+
+class Reference:
+    """Float64 min and max of each module's output and output gradient, per step."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.values: dict[tuple[int, str, str], list[np.ndarray]] = {}
+        self.step = 0
+        for name, module in model.named_modules():
+            if name:
+                module.register_forward_hook(self._forward(name))
+
+    def _keep(self, name: str, kind: str, tensor: torch.Tensor) -> None:
+        values = tensor.detach().double().numpy().ravel()
+        self.values.setdefault((self.step, name, kind), []).append(values)
+
+    def _forward(self, name: str):
+        def hook(module, args, output):
+            if torch.is_grad_enabled():
+                self._keep(name, "activation", output)
+                output.register_hook(lambda grad: self._keep(name, "grad", grad))
+
+        return hook
+
+    def rows(self) -> dict[tuple[int, str, str], tuple[float, float, int]]:
+        """min, max (NaN wins, as in the sentinel) and numel of each step, module and kind."""
+        out = {}
+        for key, pieces in self.values.items():
+            values = np.concatenate(pieces)
+            out[key] = (values.min(), values.max(), values.size)
+        return out
+
+
+def _train(model, scope, steps, reference=None, poison=None, micro_batches=1):
+    generator = torch.Generator().manual_seed(1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(steps):
+        if poison is not None:
+            poison.step = step
+        if reference is not None:
+            reference.step = step
+        for _ in range(micro_batches):
+            x = torch.randn(5, 6, generator=generator)
+            model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scope.step()
+
+
+@pytest.mark.parametrize("micro_batches", [1, 3])
+def test_sentinel_rows_match_float64_min_and_max(micro_batches):
+    model = _model()
+    reference = Reference(model)
+    with layerscope.watch(model, every=Schedule(every=4)) as scope:
+        _train(model, scope, steps=6, reference=reference, micro_batches=micro_batches)
+    frame = scope.frame()
+    sentinel = frame[frame.sentinel]
+    assert sorted(set(sentinel.step)) == [1, 2, 3, 5]
+    assert set(sentinel.kind) == {"activation", "grad"}
+    assert sentinel["mean"].isna().all()
+    assert sentinel["hist"].isna().all()
+    assert sentinel.nan_count.isna().all()
+    assert not frame[~frame.sentinel]["mean"].isna().any()
+    # one row per step, module and kind: micro-batches merged
+    assert not sentinel.duplicated(["step", "module", "kind", "tensor", "call"]).any()
+    expected = {key: value for key, value in reference.rows().items() if key[0] in (1, 2, 3, 5)}
+    assert len(sentinel) == len(expected)
+    for row in sentinel.itertuples():
+        low, high, numel = expected[(row.step, row.module, row.kind)]
+        # fp32 tensors: their min and max are exact in float64
+        assert row.min == low
+        assert row.max == high
+        assert row.absmax == max(abs(low), abs(high))
+        assert row.numel == numel
+
+
+@pytest.mark.parametrize(
+    ("poison_value", "check"), [(math.nan, math.isnan), (math.inf, math.isinf)]
+)
+def test_a_non_finite_value_between_recorded_steps_shows_where_and_when(poison_value, check):
+    poison = Poisoned(poison_value, at=3)
+    model = _model(poison)
+    with layerscope.watch(model, every=Schedule(every=10)) as scope:
+        _train(model, scope, steps=5, poison=poison)
+    frame = scope.frame()
+    bad = frame[~np.isfinite(frame.absmax.to_numpy(float))]
+    assert bad.step.min() == 3
+    assert bad.sentinel.all()
+    first = bad[(bad.step == 3) & (bad.kind == "activation")]
+    assert set(first.module) == {"2", "3"}  # the poisoning module and what follows it
+    assert check(first.set_index("module").absmax["2"])
+    clean = frame[(frame.step == 3) & frame.module.isin(["0", "1"]) & (frame.kind == "activation")]
+    assert len(clean) == 2
+    assert np.isfinite(clean.absmax.to_numpy(float)).all()
+
+
+def test_eval_forwards_are_not_watched_by_the_sentinel():
+    model = _model()
+    with layerscope.watch(model, every=Schedule(every=10)) as scope:
+        _train(model, scope, steps=2)
+        model.eval()
+        with torch.no_grad():
+            model(torch.randn(4, 6))
+    frame = scope.frame()
+    assert set(frame[frame.sentinel].phase) == {"train"}
+    assert set(frame[frame.phase == "eval"].step) == set()
+
+
+def test_sentinel_false_watches_nothing_between_recorded_steps():
+    model = _model()
+    with layerscope.watch(model, every=Schedule(every=10, sentinel=False)) as scope:
+        _train(model, scope, steps=4)
+    frame = scope.frame()
+    assert not frame.sentinel.any()
+    assert set(frame.step) == {0}
+
+
+def test_sentinel_only_watches_the_captured_kinds_and_skips_without_them():
+    model = _model()
+    with layerscope.watch(model, every=Schedule(every=10), capture=("grad",)) as scope:
+        _train(model, scope, steps=3)
+    frame = scope.frame()
+    assert set(frame[frame.sentinel].kind) == {"grad"}
+    with layerscope.watch(model, every=Schedule(every=10), capture=("weight",)) as scope:
+        _train(model, scope, steps=3)
+    assert not scope.frame().sentinel.any()
+
+
+def test_the_store_keeps_sentinel_rows_with_missing_statistics(tmp_path):
+    model = _model()
+    with layerscope.watch(model, every=Schedule(every=3), run=tmp_path / "run") as scope:
+        _train(model, scope, steps=4)
+    memory = scope.frame()
+    run = layerscope.load(tmp_path / "run")
+    stored = run.stats.sort_values(["step", "module", "kind"]).reset_index(drop=True)
+    memory = memory.sort_values(["step", "module", "kind"]).reset_index(drop=True)
+    assert stored.sentinel.tolist() == memory.sentinel.tolist()
+    np.testing.assert_array_equal(stored.absmax.to_numpy(float), memory.absmax.to_numpy(float))
+    counts = run.sql(
+        "select sentinel, count(*) rows, count(mean) means, count(absmax) absmaxes, "
+        "count(hist) hists from stats group by 1 order by 1"
+    )
+    full, sentinel = counts.iloc[0], counts.iloc[1]
+    assert full.rows == full.means == full.absmaxes == full.hists
+    assert sentinel.rows == sentinel.absmaxes > 0
+    assert sentinel.means == sentinel.hists == 0  # missing, not NaN: SQL aggregates skip them
+    steps = run.sql("select distinct step from stats where kind = 'grad' order by 1").step
+    assert steps.tolist() == [0, 1, 2, 3]
