@@ -8,9 +8,11 @@ drift on a shared machine hits all of them alike. Peers that are not installed a
     python benchmarks/overhead.py --workloads cnn       # one workload
     python benchmarks/overhead.py --write               # also updates BENCHMARKS.md
 
-Rows "every 10 steps" and "defaults" are derived from the measured "hooks idle" and "full"
-rows: a recorded fraction f of steps costs (1 - f) * idle + f * full. ``every=None`` is
-Schedule(every=50, dense=10): f = 1/50 in the long run and 12/100 over the first 100 steps.
+Rows "every 10 steps" and "defaults" are derived from the measured rows: a recorded fraction f
+of steps costs (1 - f) * between + f * full, where "between" is the unrecorded step: hooks idle
+(the default on the CPU, where the sentinel is off unless asked for) or the sentinel.
+``every=None`` is Schedule(every=50, dense=10): f = 1/50 in the long run and 12/100 over the
+first 100 steps.
 """
 
 from __future__ import annotations
@@ -58,11 +60,13 @@ def _peer(cls: Any) -> Callable[[torch.nn.Module, Any], Session]:
     return start
 
 
-IDLE = "layerscope: hooks idle (an unrecorded step)"
+IDLE = "layerscope: hooks idle (an unrecorded step, no sentinel)"
+SENTINEL = "layerscope: sentinel alone (an unrecorded step)"
 FULL = "layerscope: full, every step"
 CONFIGS: dict[str, Callable[[torch.nn.Module, Any], Session] | None] = {
     "unwatched": None,
-    IDLE: _layerscope(every=layerscope.Schedule(start=10**9)),
+    IDLE: _layerscope(every=layerscope.Schedule(start=10**9, sentinel=False)),
+    SENTINEL: _layerscope(every=layerscope.Schedule(start=10**9, sentinel=True)),
     FULL: _layerscope(every=1),
     "layerscope: weights + grads, every step (wandb's coverage)": _layerscope(
         every=1, capture=("weight", "weight_grad")
@@ -145,16 +149,18 @@ def table(results: dict[str, dict[str, float]]) -> str:
                 "skipped" if value is None else f"{value / results[name]['unwatched']:.2f}x"
             )
         lines.append(f"| {config} | " + " | ".join(cells) + " |")
-    for label, fraction in (
-        ("layerscope: full, every 10 steps (derived)", 1 / 10),
-        ("layerscope: defaults, long run (derived)", 1 / 50),
-        ("layerscope: defaults, first 100 steps (derived)", 12 / 100),
+    for label, between, fraction in (
+        ("layerscope: full, every 10 steps (derived)", IDLE, 1 / 10),
+        ("layerscope: full, every 10 steps, sentinel between (derived)", SENTINEL, 1 / 10),
+        ("layerscope: defaults, long run (derived)", IDLE, 1 / 50),
+        ("layerscope: defaults, first 100 steps (derived)", IDLE, 12 / 100),
+        ("layerscope: defaults with sentinel=True, long run (derived)", SENTINEL, 1 / 50),
     ):
         cells = []
         for name in names:
             base = results[name]["unwatched"]
-            idle, full = results[name][IDLE] / base, results[name][FULL] / base
-            cells.append(f"{(1 - fraction) * idle + fraction * full:.3f}x")
+            other, full = results[name][between] / base, results[name][FULL] / base
+            cells.append(f"{(1 - fraction) * other + fraction * full:.3f}x")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -144,10 +144,11 @@ def test_a_compiled_model_keeps_one_graph_on_unrecorded_steps():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
     x = torch.randn(4, 8)
     torch._dynamo.reset()
-    with layerscope.watch(model, every=layerscope.Schedule(start=10**9)):
-        idle = torch._dynamo.explain(model)(x)
-    assert idle.graph_break_count == 0
-    assert idle.graph_count == 1
+    for sentinel in (False, True):  # the sentinel stays out of compiled code
+        with layerscope.watch(model, every=layerscope.Schedule(start=10**9, sentinel=sentinel)):
+            idle = torch._dynamo.explain(model)(x)
+        assert idle.graph_break_count == 0
+        assert idle.graph_count == 1
     torch._dynamo.reset()
     with layerscope.watch(model, every=1):
         recording = torch._dynamo.explain(model)(x)

@@ -54,7 +54,9 @@ def _hook_count(model, optimizer=None):
     return count
 
 
-@pytest.mark.parametrize("every", [1, layerscope.Schedule(every=3)], ids=["every", "sentinel"])
+@pytest.mark.parametrize(
+    "every", [1, layerscope.Schedule(every=3, sentinel=True)], ids=["every", "sentinel"]
+)
 @pytest.mark.parametrize("with_optimizer", [True, False])
 def test_training_is_bit_identical_with_and_without_watch(with_optimizer, every):
     reference = _net()
@@ -151,7 +153,9 @@ def test_nothing_holds_an_activation_alive():
         assert len(scope.frame()) > 0
 
 
-@pytest.mark.parametrize("every", [1, layerscope.Schedule(every=2)], ids=["every", "sentinel"])
+@pytest.mark.parametrize(
+    "every", [1, layerscope.Schedule(every=2, sentinel=True)], ids=["every", "sentinel"]
+)
 def test_hot_path_never_reads_back_to_host(monkeypatch, every):
     model = _net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -84,7 +84,7 @@ def _train(model, scope, steps, reference=None, poison=None, micro_batches=1):
 def test_sentinel_rows_match_float64_min_and_max(micro_batches):
     model = _model()
     reference = Reference(model)
-    with layerscope.watch(model, every=Schedule(every=4)) as scope:
+    with layerscope.watch(model, every=Schedule(every=4, sentinel=True)) as scope:
         _train(model, scope, steps=6, reference=reference, micro_batches=micro_batches)
     frame = scope.frame()
     sentinel = frame[frame.sentinel]
@@ -113,7 +113,7 @@ def test_sentinel_rows_match_float64_min_and_max(micro_batches):
 def test_a_non_finite_value_between_recorded_steps_shows_where_and_when(poison_value, check):
     poison = Poisoned(poison_value, at=3)
     model = _model(poison)
-    with layerscope.watch(model, every=Schedule(every=10)) as scope:
+    with layerscope.watch(model, every=Schedule(every=10, sentinel=True)) as scope:
         _train(model, scope, steps=5, poison=poison)
     frame = scope.frame()
     bad = frame[~np.isfinite(frame.absmax.to_numpy(float))]
@@ -129,7 +129,7 @@ def test_a_non_finite_value_between_recorded_steps_shows_where_and_when(poison_v
 
 def test_eval_forwards_are_not_watched_by_the_sentinel():
     model = _model()
-    with layerscope.watch(model, every=Schedule(every=10)) as scope:
+    with layerscope.watch(model, every=Schedule(every=10, sentinel=True)) as scope:
         _train(model, scope, steps=2)
         model.eval()
         with torch.no_grad():
@@ -150,18 +150,24 @@ def test_sentinel_false_watches_nothing_between_recorded_steps():
 
 def test_sentinel_only_watches_the_captured_kinds_and_skips_without_them():
     model = _model()
-    with layerscope.watch(model, every=Schedule(every=10), capture=("grad",)) as scope:
+    with layerscope.watch(
+        model, every=Schedule(every=10, sentinel=True), capture=("grad",)
+    ) as scope:
         _train(model, scope, steps=3)
     frame = scope.frame()
     assert set(frame[frame.sentinel].kind) == {"grad"}
-    with layerscope.watch(model, every=Schedule(every=10), capture=("weight",)) as scope:
+    with layerscope.watch(
+        model, every=Schedule(every=10, sentinel=True), capture=("weight",)
+    ) as scope:
         _train(model, scope, steps=3)
     assert not scope.frame().sentinel.any()
 
 
 def test_the_store_keeps_sentinel_rows_with_missing_statistics(tmp_path):
     model = _model()
-    with layerscope.watch(model, every=Schedule(every=3), run=tmp_path / "run") as scope:
+    with layerscope.watch(
+        model, every=Schedule(every=3, sentinel=True), run=tmp_path / "run"
+    ) as scope:
         _train(model, scope, steps=4)
     memory = scope.frame()
     run = layerscope.load(tmp_path / "run")

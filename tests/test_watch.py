@@ -74,6 +74,12 @@ def test_every_n_records_only_those_steps_and_counts_all_steps():
             _step(model, scope)
         assert scope.current_step == 7
     frame = scope.frame()
+    assert sorted(set(frame.step)) == [0, 3, 6]
+    assert not frame.sentinel.any()  # on the CPU the sentinel is off unless asked for
+    with layerscope.watch(model, every=Schedule(every=3, sentinel=True)) as scope:
+        for _ in range(7):
+            _step(model, scope)
+    frame = scope.frame()
     assert sorted(set(frame[~frame.sentinel].step)) == [0, 3, 6]
     assert sorted(set(frame[frame.sentinel].step)) == [1, 2, 4, 5]
 

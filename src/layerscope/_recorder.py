@@ -87,11 +87,10 @@ class Recorder:
         index = rows.append(row, hist)
         custom = self._custom_stats(rows, tensor) if self.custom else ()
         identity = Identity(phase, target.name, target.module_type, kind, name, call)
-        form = Form(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
         reading = Reading(
             step,
             self.identities.code(identity),
-            self.identities.form_code(form),
+            self._form_code(tensor),
             buffer_id,
             index,
             kind in STATE_KINDS,
@@ -126,19 +125,17 @@ class Recorder:
         with torch.no_grad():
             low, high = torch.aminmax(tensor.detach())
         buffer_id, rows = self._rows_on(tensor.device)
-        index = rows.add_extremes(low, high)
+        pair = rows.add_extremes(low, high)
         identity = Identity(phase, target.name, target.module_type, kind, name, call)
+        code = self.identities.code(identity)
+        form = self._form_code(tensor)
+        self.extremes.append(Extreme(step, code, form, buffer_id, pair, tensor.numel()))
+        if len(self.extremes) >= self.rows_per_flush:  # very many forwards in one step
+            self.flush(final=True)
+
+    def _form_code(self, tensor: Tensor) -> int:
         form = Form(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
-        self.extremes.append(
-            Extreme(
-                step,
-                self.identities.code(identity),
-                self.identities.form_code(form),
-                buffer_id,
-                index,
-                tensor.numel(),
-            )
-        )
+        return self.identities.form_code(form)
 
     def add_scalars(self, step: int, scalars: Mapping[str, float | Tensor]) -> None:
         """Keep scalars of ``step``; tensors stay on their device until the flush."""

@@ -9,23 +9,27 @@ from dataclasses import dataclass
 class Schedule:
     """Steps that are recorded: the first ``dense`` steps from ``start``, then every ``every``.
 
-    Every other step before ``stop`` gets the sentinel, unless ``sentinel=False``: the minimum
-    and maximum of each watched activation and gradient, one reduction per tensor, so that a
-    NaN, an Inf or a spike between recorded steps is seen at the step and layer where it
-    happened.
+    Every other step before ``stop`` can get the sentinel: the minimum and maximum of each
+    watched activation and gradient, one reduction per tensor, so that a NaN, an Inf or a
+    spike between recorded steps is seen at the step and layer where it happened. On a GPU
+    that is a few microseconds of kernel launches a step; on a CPU it is a pass over every
+    activation and gradient, 5% to 25% of a step in BENCHMARKS.md. So by default
+    (``sentinel=None``) it runs where the model's parameters are on an accelerator, not on
+    the CPU; ``True`` and ``False`` turn it on and off everywhere.
 
     Args:
         every: record one step in ``every`` (counted from ``start``).
         start: first step that may be recorded.
         stop: first step that is no longer recorded nor watched; None goes on to the end.
         dense: record every step of the first ``dense`` steps from ``start``, then go sparse.
-        sentinel: watch the steps that are not recorded with the sentinel.
+        sentinel: watch the steps that are not recorded with the sentinel: None for on an
+            accelerator only, True, or False.
 
     Example:
         >>> schedule = Schedule(every=10, dense=3)
         >>> [step for step in range(25) if schedule.records(step)]
         [0, 1, 2, 10, 20]
-        >>> schedule.sentinel_at(4), schedule.sentinel_at(10)
+        >>> Schedule(every=10, sentinel=True).sentinel_at(4), schedule.sentinel_at(10)
         (True, False)
     """
 
@@ -33,11 +37,13 @@ class Schedule:
     start: int = 0
     stop: int | None = None
     dense: int = 0
-    sentinel: bool = True
+    sentinel: bool | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.sentinel, bool):
-            raise TypeError(f"Schedule: sentinel must be a bool, got {self.sentinel!r}")
+        if self.sentinel is not None and not isinstance(self.sentinel, bool):
+            raise TypeError(
+                f"Schedule: sentinel must be None, True or False, got {self.sentinel!r}"
+            )
         for name in ("every", "start", "dense"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -59,9 +65,10 @@ class Schedule:
         since_start = step - self.start
         return since_start < self.dense or since_start % self.every == 0
 
-    def sentinel_at(self, step: int) -> bool:
+    def sentinel_at(self, step: int, on_accelerator: bool = False) -> bool:
         """Whether ``step`` gets the sentinel: every step before ``stop`` not recorded."""
-        if not self.sentinel or (self.stop is not None and step >= self.stop):
+        wanted = on_accelerator if self.sentinel is None else self.sentinel
+        if not wanted or (self.stop is not None and step >= self.stop):
             return False
         return not self.records(step)
 

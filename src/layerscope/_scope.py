@@ -77,8 +77,7 @@ class Scope:
         # Which kinds the sentinel watches on the steps that are not recorded.
         self._sentinel_kinds = self._kinds & {Kind.ACTIVATION, Kind.GRAD}
         self._recording = False
-        self._watching = False  # the step gets the sentinel
-        self._set_step_mode()
+        self._watching = False  # the step gets the sentinel; both set once params are known
         self._closed = False
         self._identities = Identities()
 
@@ -103,6 +102,7 @@ class Scope:
             )
         self._targets = [(Target(name, type(m).__name__), m) for name, m in targets]
         self._params = _owned(targets, lambda m: m.named_parameters(recurse=False))
+        self._set_step_mode()
         self._module_buffers = _owned(targets, lambda m: m.named_buffers(recurse=False))
         self._modules = module_tree(self._root, {name for name, _ in targets})
 
@@ -333,9 +333,11 @@ class Scope:
         eager: Callable[..., None] = torch.compiler.disable(hook)  # type: ignore[no-untyped-call]  # untyped in torch
 
         def gate(*args: Any, **kwargs: Any) -> None:
+            compiling = torch.compiler.is_compiling()
             # The sentinel stays out of compiled code: it would break the graph every step.
-            if self._recording or (self._watching and not torch.compiler.is_compiling()):
-                eager(*args, **kwargs)
+            if self._recording or (self._watching and not compiling):
+                # Outside compiled code the disabling wrapper would only cost time.
+                (eager if compiling else hook)(*args, **kwargs)
 
         return gate
 
@@ -545,7 +547,14 @@ class Scope:
     def _set_step_mode(self) -> None:
         """Whether the new step is recorded, or watched by the sentinel."""
         self._recording = self._schedule.records(self._step)
-        self._watching = bool(self._sentinel_kinds) and self._schedule.sentinel_at(self._step)
+        self._watching = bool(self._sentinel_kinds) and self._schedule.sentinel_at(
+            self._step, self._on_accelerator()
+        )
+
+    def _on_accelerator(self) -> bool:
+        """Whether the model's parameters are on a GPU or another accelerator now."""
+        first = next(iter(self._params), None)
+        return first is not None and first[0].device.type != "cpu"
 
     def _send_calls(self) -> None:
         if self._calls and not self._calls_sent:
