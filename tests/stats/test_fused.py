@@ -26,36 +26,38 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_compiled_and_eager_kernels_agree(name):
     x = CASES[name]
-    eager = _partials._float_partials(x.contiguous())
-    fused = _partials._fused_float_partials(x)
+    eager, eager_bins = _partials._float32_partials_and_bins(x.contiguous())
+    fused, fused_bins = _partials._fused_float32(x, with_bins=True)
     assert _partials._compile_state == "ready"
+    assert torch.equal(fused_bins, eager_bins)
+    assert torch.equal(_partials._fused_float32(x, with_bins=False), fused)
     counts = [0, 1, 6, 7, 8, 9, 10]  # numel, count, zeros, nan, inf, neg, pos
     assert torch.equal(fused[counts], eager[counts])
     assert torch.equal(fused[4:6], eager[4:6])  # min and max are exact
     scale = max(float(eager[4:6].abs().nan_to_num(0, 0, 0).max()), 1e-300)
-    assert abs(float(fused[2] - eager[2])) <= 1e-6 * scale  # mean
-    # M2: float32 sums in a different order; relative error, floored by the scale of x**2.
-    assert torch.isclose(fused[3], eager[3], rtol=1e-5, atol=1e-12 * scale**2 * x.numel())
+    assert abs(float(fused[2] - eager[2])) <= 1e-12 * scale  # mean
+    # M2: float64 sums in a different order; relative error, floored by the scale of x**2.
+    assert torch.isclose(fused[3], eager[3], rtol=1e-10, atol=1e-20 * scale**2 * x.numel())
 
 
 def test_a_failing_compile_warns_once_and_falls_back_to_eager(monkeypatch):
     def broken(x):
         raise RuntimeError("no C compiler")
 
-    monkeypatch.setattr(_partials, "_compiled", broken)
+    monkeypatch.setattr(_partials, "_compiled", {False: broken, True: broken})
     monkeypatch.setattr(_partials, "_compile_state", "ready")
     x = torch.randn(100)
     with pytest.warns(LayerscopeWarning, match="no C compiler"):
-        row = _partials._fused_float_partials(x)
-    assert torch.equal(row, _partials._float_partials(x))
+        row = _partials._fused_float32(x, with_bins=False)
+    assert torch.equal(row, _partials._float32_partials(x))
     assert _partials._compile_state == "failed"
-    assert torch.equal(_partials._fused_float_partials(x), row)  # no second warning
+    assert torch.equal(_partials._fused_float32(x, with_bins=False), row)  # no second warning
 
 
 def test_layerscope_compile_0_keeps_the_eager_kernel():
     code = (
         "import torch; from layerscope.stats import _partials as p; "
-        "p._fused_float_partials(torch.randn(10)); print(p._compile_state)"
+        "p._fused_float32(torch.randn(10), False); print(p._compile_state)"
     )
     environment = {"LAYERSCOPE_COMPILE": "0", "PATH": "/usr/bin:/bin"}
     out = subprocess.run(

@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from layerscope._errors import LayerscopeWarning
-from layerscope.stats._histogram import HistogramSpec, LinearHistogram
+from layerscope.stats._histogram import HistogramSpec, LinearHistogram, Log2Histogram
 from layerscope.stats._layout import WIDTH, Field
 
 _INF = float("inf")
@@ -25,9 +26,10 @@ _MIN_EXPONENT = {torch.float32: -126, torch.float64: -1022}
 def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor, Tensor | None]:
     """Mergeable partials of ``x``: a float64 row of ``WIDTH`` fields and an int64 histogram.
 
-    Floating tensors are reduced in float32 (float64 stays float64) with NaN and Inf masked out
-    of mean, M2, min and max and counted apart. Integer, boolean and complex tensors get counts
-    only: numel, zeros and signs; their moments stay empty and they have no histogram.
+    Floating tensors are read as float32 (float64 stays float64) with NaN and Inf masked out
+    of mean, M2, min and max and counted apart; sums are accumulated in float64. Integer,
+    boolean and complex tensors get counts only: numel, zeros and signs; their moments stay
+    empty and they have no histogram.
 
     Args:
         x: any tensor; it is read, never modified.
@@ -51,13 +53,62 @@ def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor,
             flat = flat.float()
         if flat.numel() == 0:
             return _empty_partials(flat.device), _empty_histogram(histogram, flat.device)
-        row = _fused_float_partials(flat) if flat.dtype == torch.float32 else _float_partials(flat)
+        if flat.dtype == torch.float64:
+            row = _float_partials(flat)
+        elif isinstance(histogram, Log2Histogram):  # the bins come out of the same pass
+            row, bins = _fused_float32(flat, with_bins=True)
+            return row, _count_bins(bins, histogram.slots)
+        else:
+            row = _fused_float32(flat, with_bins=False)
         hist = _histogram(flat, histogram) if histogram is not None else None
         return row, hist
 
 
+def _float32_partials(x: Tensor) -> Tensor:
+    """Partials of a non-empty 1-D float32 tensor, in one pass over it.
+
+    Sums run in float64 on values shifted by the first finite-or-zero element: float32's
+    squares can neither overflow nor underflow there, so no rescaling pass is needed, and the
+    shift keeps ``sum(d**2) - sum(d)**2 / n`` from cancelling: where the first element is far
+    from the mean, M2 is at least as large as that distance squared.
+    """
+    numel = x.numel()
+    finite = x.abs() < _INF  # NaN compares false too
+    nan = torch.count_nonzero(torch.isnan(x))
+    count = torch.count_nonzero(finite)
+    first = x[0].double()
+    shift = torch.where(first.abs() < _INF, first, 0.0)
+    deviation = torch.where(finite, x.double() - shift, 0.0)
+    total = deviation.sum()
+    squares = (deviation * deviation).sum()
+    lo = torch.where(finite, x, _INF).amin()
+    hi = torch.where(finite, x, -_INF).amax()
+    zeros = numel - torch.count_nonzero(x)
+    pos = torch.count_nonzero(x > 0)
+    count_f = count.double().clamp(min=1.0)
+    fields = [
+        torch.ones((), dtype=torch.float64, device=x.device) * numel,
+        count,
+        shift + total / count_f,
+        (squares - total * total / count_f).clamp(min=0.0),
+        lo,
+        hi,
+        zeros,
+        nan,
+        numel - count - nan,
+        numel - zeros - nan - pos,  # NaN is neither; -inf is negative
+        pos,
+    ]
+    return torch.stack([f.to(torch.float64) for f in fields])
+
+
+def _float32_partials_and_bins(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``_float32_partials`` and each value's log2 slot (uint8), from one pass."""
+    return _float32_partials(x), _log2_bin_index(x).to(torch.uint8)
+
+
 def _float_partials(x: Tensor) -> Tensor:
-    """Partials of a non-empty 1-D float32 or float64 tensor."""
+    """Partials of a non-empty 1-D float64 (or float32) tensor, reduced in its own dtype."""
     numel = x.numel()
     # isfinite is a composite of four passes on CPU; NaN compares false here too.
     finite = x.abs() < _INF
@@ -108,38 +159,45 @@ def _float_partials(x: Tensor) -> Tensor:
     return torch.stack([f.to(torch.float64) for f in fields])
 
 
-# torch.compile fuses the dozen passes of _float_partials into one or two loops: on a 2-core
-# CPU 1.1 ms per million float32 elements instead of 18 ms. It compiles once per process (about
-# 10 s on that CPU, plus ~2 s for sizes 0 and 1) and falls back to eager where it cannot
-# compile. LAYERSCOPE_COMPILE=0 keeps the eager kernel.
-_compiled: Callable[[Tensor], Tensor] | None = None
+# torch.compile fuses the passes of _float32_partials (and the log2 bins) into one loop: on a
+# 2-core CPU about 1 ms per million float32 elements instead of 18 ms eager. It compiles once
+# per process (about 10 s on that CPU, plus ~2 s for sizes 0 and 1) and falls back to eager
+# where it cannot compile. LAYERSCOPE_COMPILE=0 keeps the eager kernel.
+_KERNELS: dict[bool, Callable[[Tensor], Any]] = {
+    False: _float32_partials,
+    True: _float32_partials_and_bins,
+}
+_compiled: dict[bool, Callable[[Tensor], Any]] = {}
 _compile_state = "untried"  # "untried", "ready" or "failed"
 
 
-def _fused_float_partials(x: Tensor) -> Tensor:
-    """``_float_partials`` of a float32 tensor, compiled where possible."""
-    global _compiled, _compile_state
+def _fused_float32(x: Tensor, with_bins: bool) -> Any:
+    """The float32 kernel, with the log2 bins if asked for; compiled where possible."""
+    global _compile_state
     if _compile_state == "untried":
         _compile_state = "failed"
         if os.environ.get("LAYERSCOPE_COMPILE", "1") != "0":
             try:
-                _compiled = torch.compile(_float_partials, dynamic=True)
+                for bins, eager in _KERNELS.items():
+                    _compiled[bins] = torch.compile(eager, dynamic=True)
                 _compile_state = "ready"
             except Exception:  # no compiler backend here: eager it is
-                _compiled = None
-    if _compiled is None:
-        return _float_partials(x)
+                _compiled.clear()
+    compiled = _compiled.get(with_bins)
+    if compiled is None:
+        return _KERNELS[with_bins](x.contiguous())
     try:
-        return _compiled(x.contiguous())
+        return compiled(x.contiguous())
     except Exception as error:
-        _compiled, _compile_state = None, "failed"
+        _compiled.clear()
+        _compile_state = "failed"
         warnings.warn(
             f"layerscope: compiling the statistics kernel failed ({type(error).__name__}: "
             f"{error}); using the eager kernel, which is slower",
             LayerscopeWarning,
             stacklevel=2,
         )
-        return _float_partials(x)
+        return _KERNELS[with_bins](x.contiguous())
 
 
 def _count_partials(x: Tensor) -> Tensor:
@@ -219,11 +277,12 @@ def _linear_edge(k: Tensor, spec: LinearHistogram) -> Tensor:
 def _count_bins(index: Tensor, slots: int) -> Tensor:
     """Exact int64 counts of each slot; one extra slot takes what is to be dropped."""
     size = slots + 1
-    if index.device.type == "cpu":
+    if index.device.type == "cpu":  # uint8 indices (log2 bins) count fastest
         # On CPU bincount is ~2x faster than index_add_ and has no device to sync with.
         counts = torch.bincount(index, minlength=size)
     else:
         # On CUDA bincount reads min and max back to the host; index_add_ does not.
         counts = torch.zeros(size, dtype=torch.int64, device=index.device)
+        index = index.int() if index.dtype == torch.uint8 else index  # index_add_ wants ints
         counts.index_add_(0, index, torch.ones_like(index, dtype=torch.int64))
     return counts[:slots]
