@@ -252,3 +252,39 @@ def test_cuda_hot_path_has_no_sync(every):
     frame = scope.frame()
     assert len(frame.query("kind == 'grad'")) > 0
     assert frame.sentinel.any() == (every != 1)
+
+
+def test_the_writer_runs_torch_on_one_thread_and_leaves_training_threads_alone():
+    """A second OpenMP team on the same cores slows training by up to 2x: the writer has none."""
+    import threading
+
+    class ThreadProbe:
+        def __init__(self):
+            self.counts = []
+
+        def start(self, info):
+            pass
+
+        def write(self, records):
+            self.counts.append(torch.get_num_threads())
+
+        def flush(self):
+            pass
+
+        def close(self, summary):
+            pass
+
+    before = torch.get_num_threads()
+    probe = ThreadProbe()
+    model = nn.Linear(4, 4)
+    with layerscope.watch(model, every=1, sinks=[probe]) as scope:
+        model(torch.randn(2, 4)).sum().backward()
+        scope.step()
+        assert torch.get_num_threads() == before
+        later = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert later == [before]
+    assert probe.counts
+    assert set(probe.counts) == {1}

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from layerscope._errors import FailureCounter
 from layerscope._table import (
     Batch,
@@ -67,7 +69,13 @@ class Pipeline:
         self._queue: queue.Queue[Batch | Records | _Flush | _Stop] = queue.Queue(queue_size)
         self._carry: Merged | None = None
         self._thread = threading.Thread(target=self._run, name="layerscope-writer", daemon=True)
+        self._serial = threading.Event()
+        threads = torch.get_num_threads()
         self._thread.start()
+        self._serial.wait()
+        # set_num_threads also sets the default of threads yet to come: give theirs back. This
+        # thread's own count is what it was, and the writer's stays 1.
+        torch.set_num_threads(threads)
 
     def submit(self, item: Batch | Records) -> None:
         """Queue a batch or records; drop them, counted, if the writer is too far behind."""
@@ -89,6 +97,12 @@ class Pipeline:
         self._thread.join()
 
     def _run(self) -> None:
+        # The writer's torch operations run on this thread alone. Were one of them parallel,
+        # this thread would get an OpenMP team of its own, and two teams on the same cores
+        # slow every parallel operation of training by up to 2x for as long as it lives.
+        torch.get_num_threads()  # torch's lazy per-thread set-up first, or it undoes the next
+        torch.set_num_threads(1)
+        self._serial.set()
         last_flush = time.monotonic()
         steps_since_flush = 0
         while True:
