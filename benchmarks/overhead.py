@@ -11,8 +11,8 @@ drift on a shared machine hits all of them alike. Peers that are not installed a
 Rows "every 10 steps" and "defaults" are derived from the measured rows: a recorded fraction f
 of steps costs (1 - f) * between + f * full, where "between" is the unrecorded step: hooks idle
 (the default on the CPU, where the sentinel is off unless asked for) or the sentinel.
-``every=None`` is Schedule(every=50, dense=10): f = 1/50 in the long run and 12/100 over the
-first 100 steps.
+``every=None`` is layerscope's DEFAULT_SCHEDULE: f = 1/every in the long run, and over the
+first 100 steps the dense steps plus every ``every``-th after them.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import layerscope
+from layerscope._schedule import DEFAULT_SCHEDULE
 from peers import PEERS, quiet
 from report import replace_section
 from workloads import WORKLOADS, Workload  # run as a script
@@ -131,6 +132,11 @@ def measure(workload: Workload, rounds: int, steps: int) -> tuple[dict[str, floa
     return {name: statistics.median(values) for name, values in times.items()}, skipped
 
 
+def _first_100() -> float:
+    """The fraction of the first 100 steps that the default schedule records."""
+    return sum(DEFAULT_SCHEDULE.records(step) for step in range(100)) / 100
+
+
 def table(results: dict[str, dict[str, float]]) -> str:
     names = list(results)
     lines = [
@@ -149,12 +155,17 @@ def table(results: dict[str, dict[str, float]]) -> str:
                 "skipped" if value is None else f"{value / results[name]['unwatched']:.2f}x"
             )
         lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    sparse = 1 / DEFAULT_SCHEDULE.every
     for label, between, fraction in (
         ("layerscope: full, every 10 steps (derived)", IDLE, 1 / 10),
         ("layerscope: full, every 10 steps, sentinel between (derived)", SENTINEL, 1 / 10),
-        ("layerscope: defaults, long run (derived)", IDLE, 1 / 50),
-        ("layerscope: defaults, first 100 steps (derived)", IDLE, 12 / 100),
-        ("layerscope: defaults with sentinel=True, long run (derived)", SENTINEL, 1 / 50),
+        ("layerscope: defaults, long run (derived)", IDLE, sparse),
+        ("layerscope: defaults, first 100 steps (derived)", IDLE, _first_100()),
+        (
+            "layerscope: defaults with sentinel=True, long run (derived)",
+            SENTINEL,
+            1 / DEFAULT_SCHEDULE.every,
+        ),
     ):
         cells = []
         for name in names:

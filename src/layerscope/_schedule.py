@@ -84,9 +84,10 @@ class Schedule:
 
 
 #: What ``every=None`` means: every step of the first 10, where most training pathologies
-#: show, then one step in 50. On CPU, full statistics of every kind cost 2.6x to 4.1x a step
-#: (research: perf.md); one step in 50 spreads that to a few percent.
-DEFAULT_SCHEDULE = Schedule(every=50, dense=10)
+#: show, then one step in 100. On a 2-core CPU full statistics of every kind cost 2.3x to 3.3x
+#: a step (BENCHMARKS.md); one step in 100 spreads that to at most 1.03x. The sentinel watches
+#: the steps between where the model is on an accelerator.
+DEFAULT_SCHEDULE = Schedule(every=100, dense=10)
 
 
 def parse_every(every: object) -> Schedule:
