@@ -75,6 +75,13 @@ CONFIGS: dict[str, Callable[[torch.nn.Module, Any], Session] | None] = {
     "layerscope: inputs, outputs, weights, grads, every step (torchember's coverage)": (
         _layerscope(every=1, capture=("input", "activation", "weight", "weight_grad"))
     ),
+    # torchember keeps mean, std, max and min of each tensor, no histogram: the same here.
+    "layerscope: torchember's coverage and its 4 statistics, no histogram": _layerscope(
+        every=1,
+        capture=("input", "activation", "weight", "weight_grad"),
+        stats=["mean", "std", "min", "max"],
+        histogram=None,
+    ),
     **{name: _peer(cls) for name, cls in PEERS.items()},
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -122,7 +123,9 @@ class WandbWatch:
         self.run.log({"loss": loss.item()})
 
     def settle(self) -> None:
-        pass  # offline, the wandb-core process writes; there is no public call to wait for it
+        # Offline, the wandb-core process takes the histograms and writes them; there is no
+        # public call to wait for it, so wait until our child processes stop using the CPU.
+        _wait_for_idle_children()
 
     def close(self) -> None:
         self.run.unwatch(self.model)
@@ -181,6 +184,44 @@ class TorchfuncRecorders:
         for recorder in (self.forward, self.backward):
             for handle in recorder.handles:
                 handle.remove()
+
+
+def _wait_for_idle_children(quiet_polls: int = 3, poll: float = 0.02) -> None:
+    """Return once the CPU time of this process's descendants stopped growing (Linux)."""
+    last, still = _children_cpu_ticks(), 0
+    while still < quiet_polls:
+        time.sleep(poll)
+        now = _children_cpu_ticks()
+        still = still + 1 if now == last else 0
+        last = now
+
+
+def _children_cpu_ticks() -> int:
+    parents = {os.getpid()}
+    ticks = 0
+    try:
+        stats = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as file:
+                        fields = file.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                stats.append((int(entry), int(fields[1]), int(fields[11]) + int(fields[12])))
+    except OSError:  # no /proc: nothing to wait for
+        return 0
+    grew = True
+    while grew:  # descendants at any depth
+        grew = False
+        for pid, parent, _ in stats:
+            if parent in parents and pid not in parents:
+                parents.add(pid)
+                grew = True
+    for pid, _, used in stats:
+        if pid in parents and pid != os.getpid():
+            ticks += used
+    return ticks
 
 
 PEERS: dict[str, Any] = {

@@ -54,7 +54,7 @@ def stats_table(chunk: Chunk) -> pa.Table:
             arrays[name] = lookup.column(name, identity)
     arrays["sentinel"] = pa.array(np.full(len(chunk), chunk.sentinel))
     arrays["dtype"] = lookup.column("dtype", form)
-    arrays["shape"] = lookup.shapes.take(pa.array(form))
+    arrays["shape"] = lookup.shape_column(form)
     for name, column in chunk.stats.items():
         kind = pa.int64() if name in _COUNT_STATS else pa.float64()
         arrays[name] = pa.array(column.numpy(), type=kind)
@@ -81,8 +81,21 @@ class _Lookup:
         }
         self._columns = {name: _encode(column) for name, column in values.items()}
         self.calls = np.array([row.call for row in rows], dtype=np.int32)
-        self.shapes = pa.array([list(form.shape) for form in forms], type=pa.list_(pa.int64()))
+        # Every form's dimensions end to end, and where each form's begin.
+        self._dims = np.array([dim for form in forms for dim in form.shape], dtype=np.int64)
+        self._ranks = np.array([len(form.shape) for form in forms], dtype=np.int64)
+        self._starts = np.cumsum(self._ranks) - self._ranks
         self.has_histogram = np.array([form.has_histogram for form in forms], dtype=bool)
+
+    def shape_column(self, forms: np.ndarray) -> pa.ListArray:
+        """Each row's shape, gathered with numpy: a take on a list array costs far more."""
+        ranks = self._ranks[forms]
+        offsets = np.zeros(len(forms) + 1, dtype=np.int32)
+        np.cumsum(ranks, out=offsets[1:])
+        positions = np.repeat(self._starts[forms] - offsets[:-1], ranks)
+        positions += np.arange(len(positions))
+        dims = pa.array(self._dims[positions], type=pa.int64())
+        return pa.ListArray.from_arrays(pa.array(offsets), dims)
 
     def column(self, name: str, codes: np.ndarray) -> pa.DictionaryArray:
         index, dictionary = self._columns[name]
