@@ -1,8 +1,8 @@
 """Step-time overhead of layerscope and its peers, as a ratio to the unwatched step, in one process.
 
-Every configuration trains its own copy of the model; rounds interleave the configurations
-(A B C A B C ...) and the figure is the median over rounds of each one's mean step time, so
-drift on a shared machine hits all of them alike. Peers that are not installed are skipped.
+Every configuration trains its own copy of the model; rounds interleave the configurations,
+in a new order each round, and the figure is the median over rounds of each one's mean step
+time, so drift on a shared machine hits all of them alike. Peers that are not installed are skipped.
 
     python benchmarks/overhead.py                       # all workloads, prints the table
     python benchmarks/overhead.py --workloads cnn       # one workload
@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
 import platform
+import random
 import statistics
 import sys
 import time
@@ -131,9 +133,12 @@ def measure(workload: Workload, rounds: int, steps: int) -> tuple[dict[str, floa
     for trainer in trainers.values():
         trainer.steps(1)  # warm up allocator, dispatcher and the peers' first-call work
     times: dict[str, list[float]] = {name: [] for name in trainers}
+    order = list(trainers)
+    shuffle = random.Random(0)
     for _ in range(rounds):
-        for name, trainer in trainers.items():
-            times[name].append(trainer.steps(steps))
+        shuffle.shuffle(order)  # no configuration always follows the same one
+        for name in order:
+            times[name].append(trainers[name].steps(steps))
     for trainer in trainers.values():
         trainer.close()
     return {name: statistics.median(values) for name, values in times.items()}, skipped
@@ -183,6 +188,22 @@ def table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def _keep_freed_memory() -> None:
+    """Make glibc keep freed memory instead of giving it back to the system.
+
+    Otherwise a configuration's step time depends on what the one before it left allocated:
+    large tensors freed to the system page-fault again on the next step, and which are depends
+    on the heap's layout. Every configuration gets the same allocator; no-op elsewhere.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest
+        libc.mallopt(m_trim_threshold, 1 << 62)
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
@@ -192,6 +213,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    _keep_freed_memory()
 
     results, skipped = {}, set()
     for name in args.workloads:

@@ -37,7 +37,7 @@ def main() -> None:
     capture = ("activation", "grad", "weight", "weight_grad", "update")
 
     with layerscope.watch(model, optimizer=optimizer, capture=capture) as scope:
-        for _ in range(4):  # epochs
+        for _ in range(5):  # epochs
             for batch in torch.randperm(len(train_x)).split(64):
                 loss = nn.functional.cross_entropy(model(train_x[batch]), train_y[batch])
                 loss.backward()
