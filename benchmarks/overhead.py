@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import ctypes
+import math
 import platform
 import random
 import statistics
@@ -121,6 +121,9 @@ class Trainer:
                 self.session.close()
 
 
+BLOCK_SECONDS = 0.25
+
+
 def measure(workload: Workload, rounds: int, steps: int) -> tuple[dict[str, float], list[str]]:
     torch.manual_seed(0)
     model = workload.make_model()
@@ -132,6 +135,10 @@ def measure(workload: Workload, rounds: int, steps: int) -> tuple[dict[str, floa
             skipped.append(f"{name}: not installed ({error.name})")
     for trainer in trainers.values():
         trainer.steps(1)  # warm up allocator, dispatcher and the peers' first-call work
+    # Blocks of at least BLOCK_SECONDS of unwatched training, so that a short step's block
+    # is not at the mercy of one interruption.
+    step_time = trainers["unwatched"].steps(3)
+    steps = max(steps, math.ceil(BLOCK_SECONDS / step_time))
     times: dict[str, list[float]] = {name: [] for name in trainers}
     order = list(trainers)
     shuffle = random.Random(0)
@@ -188,22 +195,6 @@ def table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def _keep_freed_memory() -> None:
-    """Make glibc keep freed memory instead of giving it back to the system.
-
-    Otherwise a configuration's step time depends on what the one before it left allocated:
-    large tensors freed to the system page-fault again on the next step, and which are depends
-    on the heap's layout. Every configuration gets the same allocator; no-op elsewhere.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest
-        libc.mallopt(m_trim_threshold, 1 << 62)
-    except (OSError, AttributeError):
-        pass
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
@@ -213,7 +204,6 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    _keep_freed_memory()
 
     results, skipped = {}, set()
     for name in args.workloads:
@@ -234,9 +224,12 @@ def main() -> None:
         replace_section(
             "Step-time overhead (CPU)",
             f"Machine: {machine}. Command: `{command}`.\n"
-            f"Medians over {args.rounds} interleaved rounds of {args.steps} steps; ratios to "
-            "the unwatched step of the same run. Workloads: CNN = 5 stride-2 convs, batch 256, "
-            "1x28x28; GPT = 4 blocks, d=256, 4 heads, sequence 128, batch 8, tied embedding; "
+            f"Medians over {args.rounds} interleaved rounds, in a new order each round, of at "
+            f"least {args.steps} steps and {BLOCK_SECONDS} s of unwatched training per block; "
+            "background work of a configuration (layerscope's writer, TensorBoard's event "
+            "writer, wandb's process) finishes inside its block. "
+            "Ratios to the unwatched step of the same run. Workloads: CNN = 5 stride-2 convs, "
+            "batch 256, 1x28x28; GPT = 4 blocks, d=256, 4 heads, sequence 128, batch 8, tied embedding; "
             "MLP = 6 x Linear(1024), batch 128. AdamW. layerscope's full configuration records "
             "activation, grad, weight and weight_grad with every statistic and the log2 "
             "histogram. Peers: wandb offline; TensorBoard `add_histogram` of every parameter "

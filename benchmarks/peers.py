@@ -115,7 +115,12 @@ class WandbWatch:
 
         self.directory = tempfile.TemporaryDirectory()
         os.environ["WANDB_SILENT"] = "true"
-        self.run = wandb.init(mode="offline", dir=self.directory.name, project="overhead")
+        # Its system monitor samples the machine in the background all the time, which would
+        # slow whatever configuration runs then; watch() is what is measured here.
+        settings = wandb.Settings(x_disable_stats=True, x_disable_meta=True, disable_git=True)
+        self.run = wandb.init(
+            mode="offline", dir=self.directory.name, project="overhead", settings=settings
+        )
         self.run.watch(model, log="all", log_freq=1)
         self.model = model
 
