@@ -229,12 +229,12 @@ def main() -> None:
             "background work of a configuration (layerscope's writer, TensorBoard's event "
             "writer, wandb's process) finishes inside its block. "
             "Ratios to the unwatched step of the same run. Workloads: CNN = 5 stride-2 convs, "
-            "batch 256, 1x28x28; GPT = 4 blocks, d=256, 4 heads, sequence 128, batch 8, tied embedding; "
-            "MLP = 6 x Linear(1024), batch 128. AdamW. layerscope's full configuration records "
-            "activation, grad, weight and weight_grad with every statistic and the log2 "
-            "histogram. Peers: wandb offline; TensorBoard `add_histogram` of every parameter "
-            "and gradient; torchember's own hooks plus `log_model()`; torchfunc "
-            "ForwardOutput and BackwardOutput recorders keeping the latest tensor; the textbook "
+            "batch 256, 1x28x28; GPT = 4 blocks, d=256, 4 heads, sequence 128, batch 8, tied "
+            "embedding; MLP = 6 x Linear(1024), batch 128. AdamW. layerscope's full configuration"
+            " records activation, grad, weight and weight_grad with every statistic and the log2 "
+            "histogram. Peers: wandb offline; TensorBoard `add_histogram` of every parameter and "
+            "gradient; torchember's own hooks plus `log_model()`; torchfunc ForwardOutput and "
+            "BackwardOutput recorders keeping the latest tensor; the textbook "
             "baseline is hooks with one `.item()` per statistic.\n\n"
             f"{text}",
         )
