@@ -185,3 +185,23 @@ def test_the_store_keeps_sentinel_rows_with_missing_statistics(tmp_path):
     assert sentinel.means == sentinel.hists == 0  # missing, not NaN: SQL aggregates skip them
     steps = run.sql("select distinct step from stats where kind = 'grad' order by 1").step
     assert steps.tolist() == [0, 1, 2, 3]
+
+
+def test_a_run_of_sentinel_rows_only_makes_a_frame():
+    model = _model()
+    with layerscope.watch(model, every=Schedule(every=10, start=5, sentinel=True)) as scope:
+        _train(model, scope, steps=2)
+    frame = scope.frame()
+    assert len(frame) > 0
+    assert frame.sentinel.all()
+    assert frame["mean"].isna().all()
+
+
+def test_scope_flush_writes_the_sentinel_rows_of_finished_steps(tmp_path):
+    model = _model()
+    scope = layerscope.watch(model, every=Schedule(every=100, sentinel=True), run=tmp_path / "r")
+    _train(model, scope, steps=3)
+    scope.flush()
+    stored = layerscope.load(tmp_path / "r").stats
+    assert sorted(set(stored[stored.sentinel].step)) == [1, 2]
+    scope.close()

@@ -72,7 +72,7 @@ class Pipeline:
         self._serial = threading.Event()
         threads = torch.get_num_threads()
         self._thread.start()
-        self._serial.wait()
+        self._serial.wait(timeout=30.0)
         # set_num_threads also sets the default of threads yet to come: give theirs back. This
         # thread's own count is what it was, and the writer's stays 1.
         torch.set_num_threads(threads)
@@ -100,9 +100,11 @@ class Pipeline:
         # The writer's torch operations run on this thread alone. Were one of them parallel,
         # this thread would get an OpenMP team of its own, and two teams on the same cores
         # slow every parallel operation of training by up to 2x for as long as it lives.
-        torch.get_num_threads()  # torch's lazy per-thread set-up first, or it undoes the next
-        torch.set_num_threads(1)
-        self._serial.set()
+        try:
+            torch.get_num_threads()  # torch's lazy per-thread set-up first, or it undoes the next
+            torch.set_num_threads(1)
+        finally:
+            self._serial.set()
         last_flush = time.monotonic()
         steps_since_flush = 0
         while True:
@@ -150,11 +152,12 @@ class Pipeline:
         if batch.final and merged is not None:
             stats = finalize_merged(merged, self._rank, self._selection, self._identities)
             self.recorded_rows += len(stats)
+        # The recorded step's rows first: a failure writing the sentinel's must not cost them.
+        if stats is not None or scalars:
+            self.sink.write(Records(stats=stats, scalars=scalars))
         if sentinel is not None:
             self.recorded_rows += len(sentinel)
             self.sink.write(Records(stats=sentinel))
-        if stats is not None or scalars:
-            self.sink.write(Records(stats=stats, scalars=scalars))
 
     def _guarded(self, where: str, action: Callable[..., None], *args: Any) -> None:
         # Nothing may escape: a dead writer would leave the training thread waiting forever.

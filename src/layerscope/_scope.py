@@ -220,7 +220,9 @@ class Scope:
         if table == "stats":
             columns = chunks_to_columns(self._memory.chunks)
             names = self._columns()
-            frame = pd.DataFrame({name: columns.get(name, []) for name in names})
+            rows = len(columns.get("step", []))
+            missing = [None] * rows  # a column no chunk has: sentinel rows lack most
+            frame = pd.DataFrame({name: columns.get(name, missing) for name in names})
             if "hist" in frame:
                 frame["hist"] = [None if h is None else h.numpy() for h in columns["hist"]]
             return frame
@@ -234,10 +236,13 @@ class Scope:
     def flush(self) -> None:
         """Wait until what the steps so far recorded is written to the run and every sink.
 
-        Training never needs this: the writer thread keeps up on its own. It is for reading a
-        run while it trains, and for timing the writer's share of the cost.
+        Call it between steps. Training never needs it: the writer thread keeps up on its own.
+        It is for reading a run while it trains, and for timing the writer's share of the cost.
         """
         self._check_open("flush")
+        recorder = self._recorder
+        if not recorder.readings and (recorder.extremes or recorder.scalars):
+            recorder.flush(final=True)  # the sentinel's rows and scalars of steps so far
         self._pipeline.drain()
 
     def close(self, status: str = "finished") -> None:
@@ -335,7 +340,8 @@ class Scope:
         def gate(*args: Any, **kwargs: Any) -> None:
             compiling = torch.compiler.is_compiling()
             # The sentinel stays out of compiled code: it would break the graph every step.
-            if self._recording or (self._watching and not compiling):
+            # Under compile `not compiling` comes first: no guard on _watching, no recompile.
+            if self._recording or (not compiling and self._watching):
                 # Outside compiled code the disabling wrapper would only cost time.
                 (eager if compiling else hook)(*args, **kwargs)
 
@@ -553,8 +559,8 @@ class Scope:
 
     def _on_accelerator(self) -> bool:
         """Whether the model's parameters are on a GPU or another accelerator now."""
-        first = next(iter(self._params), None)
-        return first is not None and first[0].device.type != "cpu"
+        first = next(self._root.parameters(), None)
+        return first is not None and first.device.type != "cpu"
 
     def _send_calls(self) -> None:
         if self._calls and not self._calls_sent:

@@ -353,3 +353,19 @@ def test_a_writer_that_falls_behind_drops_rows_and_counts_them(tmp_path):
     assert meta["dropped_rows"] > 0
     assert meta["recorded_rows"] + meta["dropped_rows"] == 20 * 14  # 14 rows a step
     assert len(layerscope.load(tmp_path / "r").stats) == meta["recorded_rows"]
+
+
+def test_segments_carry_the_schema_version_and_load_as_plain_strings(tmp_path):
+    import pyarrow.parquet as pq
+
+    from layerscope.store._layout import SCHEMA_VERSION
+
+    _train(_model(), steps=2, run=ParquetStore(tmp_path / "r", flush_steps=1))
+    files = sorted((tmp_path / "r" / "stats").glob("*.parquet"))
+    assert files
+    for file in files:
+        metadata = pq.read_metadata(file).metadata
+        assert metadata[b"layerscope.schema"] == str(SCHEMA_VERSION).encode()
+    stats = layerscope.load(tmp_path / "r").stats
+    assert not isinstance(stats.module.dtype, pd.CategoricalDtype)  # written as a dictionary
+    assert isinstance(stats.module.iloc[0], str)

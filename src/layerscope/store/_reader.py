@@ -159,7 +159,17 @@ class Run:
         if not pieces:
             return _empty(table).to_pandas()
         data = pyarrow.concat_tables(pieces, promote_options="permissive")
-        frame: pandas.DataFrame = data.to_pandas()
+        # Key columns are written dictionary-encoded; a DataFrame gets plain strings.
+        plain = pyarrow.schema(
+            [
+                field.with_type(field.type.value_type)
+                if pyarrow.types.is_dictionary(field.type)
+                else field
+                for field in data.schema
+            ],
+            metadata=data.schema.metadata,
+        )
+        frame: pandas.DataFrame = data.cast(plain).to_pandas()
         return frame
 
     def _read_pieces(self, table: str) -> list[Any]:

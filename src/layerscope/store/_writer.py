@@ -97,7 +97,7 @@ class ParquetStore:
         self._written_rows = 0
         self._steps = 0
         self._in_flight: threading.Thread | None = None
-        self._file_error: OSError | None = None
+        self._file_error: Exception | None = None
 
     def __repr__(self) -> str:
         return f"ParquetStore({self.path!r})"
@@ -165,8 +165,9 @@ class ParquetStore:
         """Start writing one segment per table that has rows waiting, then ``run.json``.
 
         The files are written by a thread of their own, so that the next rows convert while
-        these are compressed and written; one flush at a time is in flight. An ``OSError`` of
-        a flush is raised by the next ``flush`` or ``sync``, its rows counted as dropped.
+        these are compressed and written; one flush at a time is in flight. An error of a
+        flush (an ``OSError`` of a full disk) is raised by the next ``flush``, ``sync`` or
+        ``close``, its rows counted as dropped.
         """
         pyarrow = require("pyarrow", "dataframe")
         error = self._join_in_flight()
@@ -188,12 +189,12 @@ class ParquetStore:
             raise error
 
     def sync(self) -> None:
-        """Wait for the flush in flight; raise its ``OSError``, if it had one."""
+        """Wait for the flush in flight; raise its error, if it had one."""
         error = self._join_in_flight()
         if error is not None:
             raise error
 
-    def _join_in_flight(self) -> OSError | None:
+    def _join_in_flight(self) -> Exception | None:
         thread, self._in_flight = self._in_flight, None
         if thread is not None:
             thread.join()
@@ -206,7 +207,7 @@ class ParquetStore:
             index = self._segments[table]
             try:
                 self._write_table(f"{table}/{segment_name(index)}", data)
-            except OSError as error:
+            except Exception as error:  # raised again by the next flush, on the writer thread
                 self.dropped_rows += data.num_rows
                 self._file_error = self._file_error or error
                 continue
@@ -222,15 +223,16 @@ class ParquetStore:
                 dropped_rows=self.dropped_rows,
             )
             self._write_meta()
-        except OSError as error:
+        except Exception as error:
             self._file_error = self._file_error or error
 
     def close(self, summary: RunSummary) -> None:
         """Write what waits, compact each table into one file and record how the run ended."""
         try:
             self.flush()
-            self.sync()
         finally:
+            # Whatever flush raised, no segment may still be on its way when compaction starts.
+            late = self._join_in_flight()
             for table in SEGMENTED_TABLES:
                 self._compact(table)
             self._meta.update(
@@ -245,6 +247,8 @@ class ParquetStore:
                 cost_seconds=summary.cost_seconds,
             )
             self._write_meta()
+        if late is not None:
+            raise late
 
     # ------------------------------------------------------------------ files
 
@@ -281,8 +285,6 @@ class ParquetStore:
                 # Min and max help queries skip row groups by key; on statistics and
                 # histograms they only cost time.
                 write_statistics=[name for name in data.column_names if name in _KEY_COLUMNS],
-                # Readers get plain strings, not the dictionary arrays the writer built.
-                store_schema=False,
             ),
         )
 

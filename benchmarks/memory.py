@@ -1,0 +1,116 @@
+"""Peak memory of a watched run against an unwatched one, and growth over steps.
+
+    python benchmarks/memory.py            # prints the table
+    python benchmarks/memory.py --write    # also updates the memory section of BENCHMARKS.md
+
+Each configuration trains in a fresh process (peak RSS is per process); the figures are the
+peak resident set at the end, and how much the resident set grew from half-way to the end.
+The statistics kernel's compiler (torch.compile, imported at the first recorded step) is a
+one-off cost of its own, so configurations run with it and without it (LAYERSCOPE_COMPILE=0).
+Watched runs write to a run directory, as a long run would; an in-memory run (``run=None``)
+keeps every row, by design.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from report import replace_section
+
+STEPS = {"cnn": 400, "gpt": 40, "mlp": 120}
+CONFIGS = {
+    "unwatched": None,
+    "defaults": "dict()",
+    "full, every step": "dict(every=1)",
+    "full, every step, eager kernel": "dict(every=1)",
+}
+
+CHILD = """
+import json, resource, sys, tempfile, torch
+sys.path.insert(0, {benchmarks!r})
+torch.set_num_threads(2)
+import layerscope
+from workloads import WORKLOADS
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+workload = WORKLOADS[{workload!r}]
+torch.manual_seed(0)
+model = workload.make_model()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+options = {options}
+run = tempfile.mkdtemp() + "/run"  # to disk, as a long run would: memory holds no rows
+scope = None
+if options is not None:
+    scope = layerscope.watch(model, optimizer=optimizer, run=run, **options)
+generator = torch.Generator().manual_seed(0)
+steps, early = {steps}, None
+for step in range(steps):
+    x, y = workload.make_batch(generator)
+    workload.loss(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    if step == steps // 2:  # after warm-up: allocator pools, first flushes, compaction
+        early = rss_mb()
+end = rss_mb()  # before close, whose compaction reads the run back
+if scope is not None:
+    scope.close()
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(dict(peak=peak, early=early, end=end)))
+"""
+
+
+def run(workload: str, config: str, options: str | None) -> dict[str, float]:
+    code = CHILD.format(
+        benchmarks=str(Path(__file__).parent),
+        workload=workload,
+        options=options,
+        steps=STEPS[workload],
+    )
+    environment = dict(os.environ)
+    if "eager" in config:
+        environment["LAYERSCOPE_COMPILE"] = "0"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=environment
+    )
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="*", default=list(STEPS))
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    args = parser.parse_args()
+    lines = [
+        "| workload | configuration | peak RSS | vs unwatched | growth, half-way to end |",
+        "|---|---|---|---|---|",
+    ]
+    for workload in args.workloads:
+        base = None
+        for config, options in CONFIGS.items():
+            result = run(workload, config, options)
+            base = base or result["peak"]
+            lines.append(
+                f"| {workload} ({STEPS[workload]} steps) | {config} | {result['peak']:.0f} MB "
+                f"| {result['peak'] - base:+.0f} MB ({result['peak'] / base:.2f}x) "
+                f"| {result['end'] - result['early']:+.1f} MB |"
+            )
+            print(lines[-1], flush=True)
+    text = "\n".join(lines)
+    if args.write:
+        command = f"python benchmarks/memory.py {' '.join(sys.argv[1:])}".strip()
+        replace_section("Memory (CPU)", f"Command: `{command}`.\n\n{text}")
+
+
+if __name__ == "__main__":
+    main()
