@@ -16,7 +16,9 @@ def test_memory_stays_flat_over_100_000_steps(tmp_path):
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(4, 8)
-    store = ParquetStore(tmp_path / "r", flush_steps=50, flush_seconds=60)
+    # A loop this tight outruns any writer; the queue is made long enough that nothing is
+    # dropped, since what is measured here is memory, not the drop policy.
+    store = ParquetStore(tmp_path / "r", flush_steps=50, flush_seconds=60, queue_size=100_000)
     scope = layerscope.watch(model, optimizer=optimizer, every=100, run=store)
 
     def train(steps):
