@@ -77,7 +77,7 @@ class Scope:
         # Which kinds the sentinel watches on the steps that are not recorded.
         self._sentinel_kinds = self._kinds & {Kind.ACTIVATION, Kind.GRAD}
         self._recording = False
-        self._watching = False  # the step gets the sentinel; both set once params are known
+        self._watching = False  # the step gets the sentinel
         self._closed = False
         self._identities = Identities()
 
@@ -552,9 +552,12 @@ class Scope:
 
     def _set_step_mode(self) -> None:
         """Whether the new step is recorded, or watched by the sentinel."""
-        self._recording = self._schedule.records(self._step)
-        self._watching = bool(self._sentinel_kinds) and self._schedule.sentinel_at(
-            self._step, self._on_accelerator()
+        schedule = self._schedule
+        self._recording = schedule.records(self._step)
+        # Where the model lives is asked only when the schedule leaves it to that.
+        on_accelerator = schedule.sentinel is None and self._on_accelerator()
+        self._watching = bool(self._sentinel_kinds) and schedule.sentinel_at(
+            self._step, on_accelerator
         )
 
     def _on_accelerator(self) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from layerscope._imports import require
+from layerscope._table import KEY_COLUMNS
 from layerscope.sinks._base import Records, RunInfo, RunSummary
 from layerscope.store._layout import (
     CALLS_FILE,
@@ -30,10 +31,9 @@ from layerscope.store._layout import (
     segment_range,
 )
 
-_STRING_TYPES = ("string", "dictionary<values=string, indices=int32, ordered=0>")
-_KEY_COLUMNS = frozenset(
-    ("step", "phase", "rank", "module", "module_type", "kind", "tensor", "call", "name", "seq")
-)
+# Columns whose min and max let a query skip row groups: the stats table's keys, and the
+# scalars' and calls' own.
+_KEY_COLUMNS = frozenset((*KEY_COLUMNS, "name", "seq"))
 
 
 class ParquetStore:
@@ -274,7 +274,7 @@ class ParquetStore:
         parquet = require("pyarrow.parquet", "dataframe")
         metadata = {b"layerscope.schema": str(SCHEMA_VERSION).encode()}
         data = data.replace_schema_metadata({**(data.schema.metadata or {}), **metadata})
-        strings = [f.name for f in data.schema if str(f.type) in _STRING_TYPES]
+        strings = [f.name for f in data.schema if _is_string(f.type)]
         self._atomic(
             relative,
             lambda file: parquet.write_table(
@@ -316,6 +316,14 @@ class ParquetStore:
 
     def _join(self, relative: str) -> str:
         return f"{self._root.rstrip('/')}/{relative}"
+
+
+def _is_string(kind: Any) -> bool:
+    """A string column, plain or dictionary-encoded."""
+    pyarrow = require("pyarrow", "dataframe")
+    if pyarrow.types.is_dictionary(kind):
+        kind = kind.value_type
+    return bool(pyarrow.types.is_string(kind))
 
 
 def _user() -> str:
