@@ -186,6 +186,8 @@ def table(results: dict[str, dict[str, float]]) -> str:
             1 / DEFAULT_SCHEDULE.every,
         ),
     ):
+        if any(needed not in results[names[0]] for needed in (between, FULL)):
+            continue  # not measured in this run (--configs)
         cells = []
         for name in names:
             base = results[name]["unwatched"]
@@ -201,9 +203,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--configs", nargs="*", help="only configurations whose name contains one of these"
+    )
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.configs:
+        for name in list(CONFIGS):
+            if name != "unwatched" and not any(part in name for part in args.configs):
+                del CONFIGS[name]
 
     results, skipped = {}, set()
     for name in args.workloads:

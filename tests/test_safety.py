@@ -194,7 +194,7 @@ def test_a_monitoring_failure_warns_once_counts_and_training_goes_on(monkeypatch
     def broken(*args, **kwargs):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr(_recorder, "tensor_partials", broken)
+    monkeypatch.setattr(_recorder, "write_partials", broken)
     model = _net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     reference = copy.deepcopy(model)

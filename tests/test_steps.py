@@ -266,15 +266,15 @@ def test_layerscope_measures_its_own_cost_on_the_training_thread(monkeypatch, tm
 
     from layerscope import _recorder
 
-    real = _recorder.tensor_partials
+    real = _recorder.write_partials
     calls = []
 
-    def slow(tensor, histogram):
+    def slow(tensor, histogram, out):
         calls.append(1)
         time.sleep(0.002)
-        return real(tensor, histogram)
+        real(tensor, histogram, out)
 
-    monkeypatch.setattr(_recorder, "tensor_partials", slow)
+    monkeypatch.setattr(_recorder, "write_partials", slow)
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     started = time.perf_counter()

@@ -72,17 +72,22 @@ class DeviceRows:
         """Whether anything waits to be taken."""
         return self._size > 0 or self._values_size > 0 or bool(self._extremes)
 
-    def append(self, row: Tensor, hist: Tensor | None) -> int:
-        """Store one row of partials (and its histogram); return its index."""
+    def reserve(self) -> tuple[int, Tensor]:
+        """Add a row for a kernel to write its partials into; return its index and the row."""
         if self._size == self._data.shape[0]:
             grown = self._data.new_zeros(2 * self._size, self.row_width)
             grown[: self._size] = self._data
             self._data = grown
         index = self._size
-        self._data[index, :WIDTH] = row
-        if hist is not None:
-            self._data[index, WIDTH:] = hist
         self._size += 1
+        return index, self._data[index]
+
+    def append(self, row: Tensor, hist: Tensor | None) -> int:
+        """Store one row of partials (and its histogram); return its index."""
+        index, out = self.reserve()
+        out[:WIDTH] = row
+        if hist is not None:
+            out[WIDTH:] = hist
         return index
 
     def add_values(self, values: Tensor) -> tuple[int, int]:

@@ -18,7 +18,8 @@ from layerscope._buffer import DeviceRows
 from layerscope._kinds import STATE_KINDS, Kind
 from layerscope._pipeline import Pipeline
 from layerscope._table import Batch, Extreme, Form, Identities, Identity, Reading
-from layerscope.stats import CustomStat, HistogramSpec, tensor_partials
+from layerscope.stats import CustomStat, HistogramSpec
+from layerscope.stats._partials import write_partials
 
 # A step with many forward passes (long evaluations, much gradient accumulation) flushes when
 # this many readings wait, so that device memory stays bounded; the host merges the pieces.
@@ -82,9 +83,9 @@ class Recorder:
         also_owned_by: Sequence[Owner] = (),
     ) -> None:
         """Compute the partials of ``tensor`` on its device and keep them for the next flush."""
-        row, hist = tensor_partials(tensor, self.histogram)
         buffer_id, rows = self._rows_on(tensor.device)
-        index = rows.append(row, hist)
+        index, out = rows.reserve()
+        write_partials(tensor, self.histogram, out)
         custom = self._custom_stats(rows, tensor) if self.custom else ()
         identity = Identity(phase, target.name, target.module_type, kind, name, call)
         reading = Reading(

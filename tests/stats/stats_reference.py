@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from layerscope.stats import WIDTH, Field
+from layerscope.stats import LOG2_BINS, WIDTH, Field
 
 # Partials that merging and every kernel must reproduce exactly: counts and extremes.
 EXACT_FIELDS = (
@@ -87,6 +87,23 @@ def reference_row(a: np.ndarray, only_counts: bool = False) -> np.ndarray:
     row[Field.NEG] = np.count_nonzero(a < 0)
     row[Field.POS] = np.count_nonzero(a > 0)
     return row
+
+
+TINY = 2.0**-126  # smallest normal float32
+
+
+def log2_reference(a: np.ndarray) -> np.ndarray:
+    """Bin counts from np.frexp: |x| = m * 2**e with m in [0.5, 1), so 2**(e-1) <= |x| < 2**e.
+
+    Bin k covers [2**(k-127), 2**(k-126)), so k = e + 126; |x| < 2**-126 is bin 0, non-finite
+    bin 255, and finite float64 values beyond float32's range stay in bin 254.
+    """
+    index = np.full(a.shape, 255, dtype=np.int64)
+    finite = np.isfinite(a)
+    magnitude = np.abs(a[finite])
+    _, exponent = np.frexp(magnitude)
+    index[finite] = np.where(magnitude < TINY, 0, np.clip(exponent + 126, 1, 254))
+    return np.bincount(index, minlength=LOG2_BINS)
 
 
 def reference_stats(a: np.ndarray, only_counts: bool = False) -> dict[str, float]:

@@ -9,7 +9,14 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from stats_reference import COUNT_DTYPES, FLOAT_DTYPES, SETTINGS, tensors, values_of
+from stats_reference import (
+    COUNT_DTYPES,
+    FLOAT_DTYPES,
+    SETTINGS,
+    log2_reference,
+    tensors,
+    values_of,
+)
 
 from layerscope.stats import (
     LOG2_BINS,
@@ -19,22 +26,6 @@ from layerscope.stats import (
     parse_histogram,
     tensor_partials,
 )
-
-TINY = 2.0**-126  # smallest normal float32
-
-
-def log2_reference(a: np.ndarray) -> np.ndarray:
-    """Bin counts from np.frexp: |x| = m * 2**e with m in [0.5, 1), so 2**(e-1) <= |x| < 2**e.
-
-    Bin k covers [2**(k-127), 2**(k-126)), so k = e + 126; |x| < 2**-126 is bin 0, non-finite
-    bin 255, and finite float64 values beyond float32's range stay in bin 254.
-    """
-    index = np.full(a.shape, 255, dtype=np.int64)
-    finite = np.isfinite(a)
-    magnitude = np.abs(a[finite])
-    _, exponent = np.frexp(magnitude)
-    index[finite] = np.where(magnitude < TINY, 0, np.clip(exponent + 126, 1, 254))
-    return np.bincount(index, minlength=LOG2_BINS)
 
 
 def log2_hist(x: torch.Tensor) -> np.ndarray:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from layerscope._errors import LayerscopeWarning
+from layerscope.stats import _native
 from layerscope.stats._histogram import HistogramSpec, LinearHistogram, Log2Histogram
 from layerscope.stats._layout import WIDTH, Field
 
@@ -49,6 +50,10 @@ def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor,
         flat = x.detach().reshape(-1)
         if not flat.is_floating_point():
             return _count_partials(flat), None
+        if _native_reads(flat, histogram):
+            out = torch.empty(WIDTH + _slots(histogram), dtype=torch.float64)
+            _native.partials_into(_native_input(flat), out[:WIDTH], _counts_of(out, histogram))
+            return out[:WIDTH], None if histogram is None else out[WIDTH:].long()
         if flat.dtype != torch.float64:
             flat = flat.float()
         if flat.numel() == 0:
@@ -62,6 +67,52 @@ def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor,
             row = _fused_float32(flat, with_bins=False)
         hist = _histogram(flat, histogram) if histogram is not None else None
         return row, hist
+
+
+def write_partials(x: Tensor, histogram: HistogramSpec | None, out: Tensor) -> None:
+    """Write what ``tensor_partials`` returns into ``out``: the row, then the histogram.
+
+    ``out`` is a float64 row of ``WIDTH + histogram.slots`` (``WIDTH`` with no histogram) on
+    ``x``'s device, such as a row of the recorder's buffer. On the CPU the C kernel writes
+    there directly, with nothing allocated.
+    """
+    with torch.no_grad():
+        flat = x.detach().reshape(-1)
+        if flat.is_floating_point() and _native_reads(flat, histogram):
+            _native.partials_into(_native_input(flat), out[:WIDTH], _counts_of(out, histogram))
+            return
+        row, hist = tensor_partials(flat, histogram)
+        out[:WIDTH] = row
+        if hist is not None:
+            out[WIDTH:] = hist
+
+
+def _native_reads(flat: Tensor, histogram: HistogramSpec | None) -> bool:
+    """Whether the C kernel computes these partials.
+
+    It reads non-empty floating tensors on the CPU other than float64 (whose own precision the
+    torch kernel keeps), with the log2 histogram or none.
+    """
+    return (
+        flat.device.type == "cpu"
+        and flat.dtype != torch.float64
+        and flat.numel() > 0
+        and (histogram is None or isinstance(histogram, Log2Histogram))
+        and _native.library() is not None
+    )
+
+
+def _slots(histogram: HistogramSpec | None) -> int:
+    return 0 if histogram is None else histogram.slots
+
+
+def _counts_of(out: Tensor, histogram: HistogramSpec | None) -> Tensor | None:
+    return None if histogram is None else out[WIDTH:]
+
+
+def _native_input(flat: Tensor) -> Tensor:
+    """float32 and bfloat16 as they are; float16 (and float8) widened to float32 first."""
+    return flat if _native.supports(flat) else flat.float()
 
 
 def _float32_partials(x: Tensor) -> Tensor:

@@ -1,0 +1,155 @@
+"""The CPU statistics kernel in C: built with the system's compiler on first use, then cached.
+
+On the CPU, one pass of ``_native.c`` over a float32 tensor's memory computes its partials and
+log2 histogram 5 to 10 times faster than the compiled torch kernel (which spends most of its
+time on the histogram), and needs neither inductor's compile time nor its memory. The library
+is built once per source, machine and flags, into ``$LAYERSCOPE_CACHE`` (default
+``~/.cache/layerscope``), and loaded with ctypes, whose calls release the GIL.
+
+Where there is no C compiler, or ``LAYERSCOPE_NATIVE=0``, ``library()`` is None and the torch
+kernels do the work. A compiler that fails gives one ``LayerscopeWarning``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from layerscope._errors import LayerscopeWarning
+from layerscope.stats._layout import WIDTH
+
+SOURCE = Path(__file__).with_name("_native.c")
+_ABI = 100 * WIDTH + 1  # the C file's ABI: its row width and a version
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+# From most to least capable; OpenMP is left out where the compiler has none (Apple's clang).
+_FLAG_SETS = (
+    ("-O3", "-march=native", "-fopenmp"),
+    ("-O3", "-march=native"),
+    ("-O3",),
+)
+
+_library: ctypes.CDLL | None = None
+_state = "untried"  # "untried", "ready" or "absent"
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel, building it on first use; None where it cannot be had."""
+    global _library, _state
+    if _state == "untried":
+        _state = "absent"
+        try:
+            _library = _load()
+        except Exception as error:  # a broken compiler or cache must not stop training
+            warnings.warn(
+                f"layerscope: building the CPU statistics kernel failed ({error}); "
+                "using torch's kernels, which are slower",
+                LayerscopeWarning,
+                stacklevel=2,
+            )
+        if _library is not None:
+            _state = "ready"
+    return _library
+
+
+def supports(x: Tensor) -> bool:
+    """Whether the kernel reads ``x``: a non-empty float32 or bfloat16 tensor on the CPU."""
+    return x.device.type == "cpu" and x.dtype in _DTYPES and x.numel() > 0
+
+
+def partials_into(x: Tensor, row: Tensor, hist: Tensor | None) -> None:
+    """Write the partials of ``x`` into ``row`` and its log2 histogram into ``hist``.
+
+    ``x`` must be ``supports``-ed; ``row`` (``WIDTH`` float64) and ``hist`` (``LOG2_BINS``
+    float64, or None for no histogram) must be contiguous CPU tensors the kernel may write.
+    """
+    lib = library()
+    assert lib is not None, "partials_into needs library()"
+    x = x.detach().contiguous()
+    hist_pointer = None if hist is None else hist.data_ptr()
+    status = lib.layerscope_partials(
+        x.data_ptr(), x.numel(), _DTYPES[x.dtype], row.data_ptr(), hist_pointer,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if status != 0:
+        raise RuntimeError(f"layerscope_partials returned {status} for dtype {x.dtype}")
+
+
+def _load() -> ctypes.CDLL | None:
+    if os.environ.get("LAYERSCOPE_NATIVE", "1") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or shutil.which(compiler) is None:
+        return None
+    source = SOURCE.read_bytes()
+    errors = []
+    for flags in _FLAG_SETS:
+        path = _cache_dir() / f"stats-{_key(source, compiler, flags)}.so"
+        if not path.exists():
+            try:
+                _compile(compiler, flags, path)
+            except RuntimeError as error:
+                errors.append(str(error))
+                continue
+        lib = ctypes.CDLL(str(path))
+        if lib.layerscope_abi() != _ABI:
+            raise RuntimeError(f"{path} has ABI {lib.layerscope_abi()}, expected {_ABI}")
+        lib.layerscope_partials.restype = ctypes.c_int
+        lib.layerscope_partials.argtypes = [
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+            ctypes.c_int,
+        ]  # fmt: skip
+        return lib
+    raise RuntimeError(errors[-1])
+
+
+def _compile(compiler: str, flags: tuple[str, ...], path: Path) -> None:
+    """Build into a temporary file beside ``path``, then rename: processes racing are safe."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    os.close(handle)
+    try:
+        command = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", temporary]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise RuntimeError(f"{' '.join(command)}: {last}")
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def _cache_dir() -> Path:
+    configured = os.environ.get("LAYERSCOPE_CACHE")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "layerscope"
+
+
+def _key(source: bytes, compiler: str, flags: tuple[str, ...]) -> str:
+    """Source, compiler, flags and CPU: ``-march=native`` code must not meet another CPU."""
+    digest = hashlib.sha256(source)
+    for part in (compiler, " ".join(flags), platform.machine(), _cpu_identity()):
+        digest.update(b"\0" + part.encode())
+    return digest.hexdigest()[:16]
+
+
+def _cpu_identity() -> str:
+    """The model and feature flags of this CPU, where the system says (Linux); else ''."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(dict.fromkeys(line for line in lines if line.startswith(wanted)))

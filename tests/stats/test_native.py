@@ -1,0 +1,213 @@
+"""The C kernel on the CPU: float64 numpy references on tensors large enough for its threads
+and chunks, agreement across thread counts, the row it writes, and its build and fallbacks."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from stats_reference import (
+    EXACT_FIELDS,
+    check_stats,
+    log2_reference,
+    reference_row,
+    reference_stats,
+    row_stats,
+    values_of,
+)
+
+from layerscope.stats import WIDTH, Field, Log2Histogram, _native, finalize, tensor_partials
+from layerscope.stats._partials import write_partials
+
+pytestmark = pytest.mark.skipif(
+    _native.library() is None, reason="no C compiler here: the torch kernels do the work"
+)
+
+SOURCE = _native.SOURCE.read_text()
+PARALLEL_MIN = 1 << 16  # from _native.c
+CHUNK = 64 * 1024
+
+
+def test_sizes_here_match_the_c_source():
+    for line in (
+        "#define BLOCK 1024",
+        "#define CHUNK (64 * BLOCK)",
+        "#define PARALLEL_MIN (1 << 16)",
+    ):
+        assert line in SOURCE
+
+
+def _values(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    a = rng.standard_normal(n)
+    if kind == "offset":  # float32's ulp at 1e4 is 1e-3: only the float64 sums keep std
+        a += 1e4
+    elif kind == "specials_late":  # in the last chunk, which the second thread reads
+        for offset, value in zip((1, 7, 8, 100), (math.nan, math.inf, -math.inf, 0.0), strict=True):
+            a[n - offset] = value
+    elif kind == "specials_everywhere":
+        where = rng.random(n) < 0.01
+        a[where] = rng.choice([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-40], where.sum())
+    elif kind == "first_is_nan":  # the shift falls back to 0
+        a[0] = math.nan
+        a += 5.0
+    elif kind == "wide":
+        a *= 10.0 ** rng.integers(-30, 30, n)
+    return a
+
+
+SIZES = (PARALLEL_MIN - 1, PARALLEL_MIN, 3 * CHUNK + 17, 1_000_003)
+KINDS = ("normal", "offset", "specials_late", "specials_everywhere", "first_is_nan", "wide")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", SIZES)
+def test_large_tensors_match_float64_numpy(n, kind, dtype):
+    x = torch.from_numpy(_values(kind, n, np.random.default_rng(n))).to(dtype)
+    row, hist = tensor_partials(x, Log2Histogram())
+    a = values_of(x)
+    want = reference_row(a)
+    for field in EXACT_FIELDS:
+        assert row[field].item() == want[field], field.name
+    np.testing.assert_array_equal(hist.numpy(), log2_reference(a))
+    check_stats(row_stats(finalize(row[None]), 0), reference_stats(a))
+
+
+@pytest.mark.parametrize("n", [PARALLEL_MIN, 1_000_003])
+def test_thread_counts_agree_and_each_repeats_itself_exactly(n):
+    x = torch.from_numpy(_values("specials_everywhere", n, np.random.default_rng(1))).float()
+    threads = torch.get_num_threads()
+    results = {}
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            first = tensor_partials(x, Log2Histogram())
+            again = tensor_partials(x, Log2Histogram())
+            assert torch.equal(first[0], again[0])
+            assert torch.equal(first[1], again[1])
+            results[count] = first
+    finally:
+        torch.set_num_threads(threads)
+    one_row, one_hist = results[1]
+    exact = [int(field) for field in EXACT_FIELDS]
+    for row, hist in results.values():
+        assert torch.equal(hist, one_hist)
+        assert torch.equal(row[exact], one_row[exact])
+        # float64 sums added in another order: equal to rounding
+        assert row[Field.MEAN].item() == pytest.approx(one_row[Field.MEAN].item(), rel=1e-12)
+        assert row[Field.M2].item() == pytest.approx(one_row[Field.M2].item(), rel=1e-12)
+
+
+def test_bfloat16_is_read_as_it_is_and_as_float32_alike():
+    x = torch.randn(200_001).to(torch.bfloat16)
+    direct = tensor_partials(x, Log2Histogram())
+    widened = tensor_partials(x.float(), Log2Histogram())
+    assert torch.equal(direct[0], widened[0])
+    assert torch.equal(direct[1], widened[1])
+
+
+def test_float16_and_strided_tensors_take_the_kernel_through_a_copy():
+    x = torch.randn(300, 400)
+    for view in (x.t(), x[:, ::3], x.half()):
+        row, hist = tensor_partials(view, Log2Histogram())
+        a = values_of(view)
+        np.testing.assert_array_equal(hist.numpy(), log2_reference(a))
+        assert row[Field.MIN].item() == a.min()
+        assert row[Field.MAX].item() == a.max()
+
+
+@pytest.mark.parametrize("histogram", [Log2Histogram(), None])
+def test_write_partials_fills_its_row_and_nothing_else(histogram):
+    slots = 0 if histogram is None else histogram.slots
+    x = torch.randn(70_000)
+    rows = torch.full((3, WIDTH + slots), -7.0, dtype=torch.float64)
+    write_partials(x, histogram, rows[1])
+    row, hist = tensor_partials(x, histogram)
+    assert torch.equal(rows[1, :WIDTH], row)
+    if hist is not None:
+        assert torch.equal(rows[1, WIDTH:], hist.double())
+    assert (rows[0] == -7.0).all()
+    assert (rows[2] == -7.0).all()
+
+
+def test_the_torch_kernel_computes_the_same_row():
+    x = torch.from_numpy(_values("specials_everywhere", 50_000, np.random.default_rng(2))).float()
+    native = tensor_partials(x, Log2Histogram())
+    from layerscope.stats import _partials
+
+    torch_row, torch_bins = _partials._float32_partials_and_bins(x)
+    assert torch.equal(native[1], _partials._count_bins(torch_bins, 256))
+    exact = [int(field) for field in EXACT_FIELDS]
+    assert torch.equal(native[0][exact], torch_row[exact])
+    assert native[0][Field.MEAN].item() == pytest.approx(torch_row[Field.MEAN].item(), rel=1e-12)
+    assert native[0][Field.M2].item() == pytest.approx(torch_row[Field.M2].item(), rel=1e-10)
+
+
+# Building and falling back, in fresh processes with caches of their own ---------------------
+
+_PROBE = (
+    "import torch, warnings; from layerscope import LayerscopeWarning;"
+    "warnings.simplefilter('error', LayerscopeWarning);"
+    "from layerscope.stats import _native, tensor_partials, Log2Histogram;"
+    "row, hist = tensor_partials(torch.tensor([1.0, -2.0, float('nan'), 0.0]), Log2Histogram());"
+    "print(_native.library() is not None, [round(v, 12) for v in row.tolist()],"
+    " hist[[0, 127, 128, 255]].tolist())"
+)
+# numel, count, mean, M2, min, max, zeros, nan, inf, neg, pos; then 4 histogram slots
+_EXPECTED = (
+    "[4.0, 3.0, -0.333333333333, 4.666666666667, -2.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0] [1, 1, 1, 1]"
+)
+
+
+def _probe(cache: Path, **environment: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LAYERSCOPE_CACHE": str(cache), **environment}
+    return subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env)
+
+
+def test_builds_once_into_the_cache_and_loads_from_it_after(tmp_path):
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    log = tmp_path / "calls"
+    counting = tmp_path / "counting-cc"  # a compiler that notes each time it runs
+    counting.write_text(f'#!/bin/sh\necho run >> "{log}"\nexec "{compiler}" "$@"\n')
+    counting.chmod(0o755)
+    cache = tmp_path / "cache"
+    for _ in range(2):
+        done = _probe(cache, CC=str(counting))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("True")
+        assert _EXPECTED in done.stdout
+    assert log.read_text() == "run\n"  # the second process loaded what the first built
+    assert [path.suffix for path in cache.iterdir()] == [".so"]  # no temporary file left
+
+
+def test_without_a_compiler_the_torch_kernel_answers_silently(tmp_path):
+    done = _probe(tmp_path, CC=str(tmp_path / "no-such-cc"))
+    assert done.returncode == 0, done.stderr  # warnings are errors in the probe
+    assert done.stdout.startswith("False")
+    assert _EXPECTED in done.stdout
+
+
+def test_layerscope_native_0_turns_it_off(tmp_path):
+    done = _probe(tmp_path, LAYERSCOPE_NATIVE="0")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("False")
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_a_failing_compiler_warns_once_and_falls_back(tmp_path):
+    probe = _PROBE.replace("simplefilter('error'", "simplefilter('always'")
+    probe += ";tensor_partials(torch.ones(3), None)"
+    failing = shutil.which("false") or "false"
+    env = {**os.environ, "LAYERSCOPE_CACHE": str(tmp_path), "CC": failing}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("False")
+    assert _EXPECTED in done.stdout
+    assert done.stderr.count("building the CPU statistics kernel failed") == 1
