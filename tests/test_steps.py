@@ -288,3 +288,5 @@ def test_layerscope_measures_its_own_cost_on_the_training_thread(monkeypatch, tm
     assert 0.002 * len(calls) <= scope.cost_seconds < elapsed
     meta = layerscope.load(tmp_path / "r").meta
     assert meta["cost_seconds"] == pytest.approx(scope.cost_seconds)
+    # the writer and file threads' CPU time: each at most its own lifetime within the run
+    assert 0 < meta["writer_seconds"] < 2 * elapsed

@@ -39,7 +39,8 @@ class _Flush:
 
 @dataclass(frozen=True, slots=True)
 class _Stop:
-    make_summary: Callable[[int, int], RunSummary]  # (recorded_rows, dropped_rows) -> summary
+    # (recorded_rows, dropped_rows, writer_seconds) -> summary
+    make_summary: Callable[[int, int, float], RunSummary]
 
 
 class Pipeline:
@@ -91,7 +92,7 @@ class Pipeline:
         self._queue.put(_Flush())
         self._queue.join()
 
-    def close(self, make_summary: Callable[[int, int], RunSummary]) -> None:
+    def close(self, make_summary: Callable[[int, int, float], RunSummary]) -> None:
         """Write what is left, close the sink and stop the thread."""
         self._queue.put(_Stop(make_summary))
         self._thread.join()
@@ -118,7 +119,9 @@ class Pipeline:
             try:
                 if isinstance(item, _Stop):
                     self._guarded("flushing", self.sink.flush)
-                    summary = item.make_summary(self.recorded_rows, self.dropped_rows)
+                    summary = item.make_summary(
+                        self.recorded_rows, self.dropped_rows, time.thread_time()
+                    )
                     self._guarded("closing the run", self.sink.close, summary)
                     return
                 if isinstance(item, Batch):

@@ -148,8 +148,9 @@ class Scope:
         """Seconds layerscope has spent on the training thread so far.
 
         That is its hooks, its reading of parameters and the start of its flushes. Work on the
-        writer thread is not counted; on CUDA the hooks only launch kernels, so this is their
-        host-side cost. ``run.json`` keeps the total as ``cost_seconds``.
+        writer thread is not counted here; on CUDA the hooks only launch kernels, so this is
+        their host-side cost. ``run.json`` keeps the total as ``cost_seconds``, and the CPU time
+        of the writer thread and of the store's file writes as ``writer_seconds``.
         """
         return self._seconds
 
@@ -582,7 +583,9 @@ class Scope:
             histogram_edges=self.config.histogram_edges(),
         )
 
-    def _summary(self, status: str, recorded_rows: int, dropped_rows: int) -> RunSummary:
+    def _summary(
+        self, status: str, recorded_rows: int, dropped_rows: int, writer_seconds: float
+    ) -> RunSummary:
         return RunSummary(
             status=status,
             ended=time.time(),
@@ -591,6 +594,7 @@ class Scope:
             dropped_rows=dropped_rows,
             failures=self._failures.count,
             cost_seconds=self._seconds,
+            writer_seconds=writer_seconds,
         )
 
     def _columns(self) -> list[str]:

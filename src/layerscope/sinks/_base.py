@@ -40,6 +40,7 @@ class RunSummary:
     dropped_rows: int
     failures: int
     cost_seconds: float = 0.0  # layerscope's time on the training thread
+    writer_seconds: float = 0.0  # CPU time of its writer thread, off the training thread
 
 
 @dataclass(slots=True)

@@ -98,6 +98,7 @@ class ParquetStore:
         self._steps = 0
         self._in_flight: threading.Thread | None = None
         self._file_error: Exception | None = None
+        self._file_seconds = 0.0  # CPU time of the file threads, for run.json
 
     def __repr__(self) -> str:
         return f"ParquetStore({self.path!r})"
@@ -143,6 +144,7 @@ class ParquetStore:
             "dropped_rows": 0,
             "failures": 0,
             "cost_seconds": 0.0,
+            "writer_seconds": 0.0,
         }
         modules = [module.to_dict() for module in info.modules]
         self._write_bytes(MODULES_FILE, json.dumps(modules, indent=1).encode())
@@ -203,6 +205,13 @@ class ParquetStore:
 
     def _write_segments(self, tables: dict[str, Any], calls: Any, steps: int) -> None:
         """Write each table's segment, then ``run.json``; a table that fails drops its rows."""
+        started = time.thread_time()
+        try:
+            self._write_each(tables, calls, steps)
+        finally:
+            self._file_seconds += time.thread_time() - started
+
+    def _write_each(self, tables: dict[str, Any], calls: Any, steps: int) -> None:
         for table, data in tables.items():
             index = self._segments[table]
             try:
@@ -245,6 +254,7 @@ class ParquetStore:
                 dropped_rows=self.dropped_rows + summary.dropped_rows,
                 failures=summary.failures,
                 cost_seconds=summary.cost_seconds,
+                writer_seconds=summary.writer_seconds + self._file_seconds,
             )
             self._write_meta()
         if late is not None:
