@@ -66,11 +66,16 @@ def _peer(cls: Any) -> Callable[[torch.nn.Module, Any], Session]:
 IDLE = "layerscope: hooks idle (an unrecorded step, no sentinel)"
 SENTINEL = "layerscope: sentinel alone (an unrecorded step)"
 FULL = "layerscope: full, every step"
+SECOND_COPY = "unwatched, a second copy (the noise floor: ideally 1.00x)"
 CONFIGS: dict[str, Callable[[torch.nn.Module, Any], Session] | None] = {
     "unwatched": None,
+    SECOND_COPY: None,
     IDLE: _layerscope(every=layerscope.Schedule(start=10**9, sentinel=False)),
     SENTINEL: _layerscope(every=layerscope.Schedule(start=10**9, sentinel=True)),
     FULL: _layerscope(every=1),
+    "layerscope: full, every kind (adds input, update, buffer), every step": _layerscope(
+        every=1, capture=[kind.value for kind in layerscope.Kind]
+    ),
     "layerscope: weights + grads, every step (wandb's coverage)": _layerscope(
         every=1, capture=("weight", "weight_grad")
     ),
@@ -211,7 +216,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.configs:
         for name in list(CONFIGS):
-            if name != "unwatched" and not any(part in name for part in args.configs):
+            keep = name in ("unwatched", SECOND_COPY) or any(p in name for p in args.configs)
+            if not keep:
                 del CONFIGS[name]
 
     results, skipped = {}, set()

@@ -31,6 +31,7 @@ from layerscope.stats._layout import WIDTH
 SOURCE = Path(__file__).with_name("_native.c")
 _ABI = 100 * WIDTH + 1  # the C file's ABI: its row width and a version
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_HIST_OFFSET = WIDTH * 8  # bytes from a row's start to its histogram
 # From most to least capable; OpenMP is left out where the compiler has none (Apple's clang).
 _FLAG_SETS = (
     ("-O3", "-march=native", "-fopenmp"),
@@ -66,19 +67,21 @@ def supports(x: Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype in _DTYPES and x.numel() > 0
 
 
-def partials_into(x: Tensor, row: Tensor, hist: Tensor | None) -> None:
-    """Write the partials of ``x`` into ``row`` and its log2 histogram into ``hist``.
+def partials_into(x: Tensor, out: Tensor, with_histogram: bool) -> None:
+    """Write the partials of ``x`` to the start of ``out`` and its log2 histogram after them.
 
-    ``x`` must be ``supports``-ed; ``row`` (``WIDTH`` float64) and ``hist`` (``LOG2_BINS``
-    float64, or None for no histogram) must be contiguous CPU tensors the kernel may write.
+    ``x`` must be ``supports``-ed; ``out`` is a contiguous float64 CPU row of ``WIDTH``
+    values, or of ``WIDTH + LOG2_BINS`` with the histogram, such as a row of the recorder's
+    buffer. This runs once per recorded tensor: it works on pointers, with no tensor views.
     """
     lib = library()
     assert lib is not None, "partials_into needs library()"
-    x = x.detach().contiguous()
-    hist_pointer = None if hist is None else hist.data_ptr()
+    if not x.is_contiguous():
+        x = x.detach().contiguous()
+    row = out.data_ptr()
     status = lib.layerscope_partials(
-        x.data_ptr(), x.numel(), _DTYPES[x.dtype], row.data_ptr(), hist_pointer,
-        torch.get_num_threads(),
+        x.data_ptr(), x.numel(), _DTYPES[x.dtype], row,
+        row + _HIST_OFFSET if with_histogram else None, torch.get_num_threads(),
     )  # fmt: skip
     if status != 0:
         raise RuntimeError(f"layerscope_partials returned {status} for dtype {x.dtype}")

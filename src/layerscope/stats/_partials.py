@@ -51,8 +51,9 @@ def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor,
         if not flat.is_floating_point():
             return _count_partials(flat), None
         if _native_reads(flat, histogram):
-            out = torch.empty(WIDTH + _slots(histogram), dtype=torch.float64)
-            _native.partials_into(_native_input(flat), out[:WIDTH], _counts_of(out, histogram))
+            slots = 0 if histogram is None else histogram.slots
+            out = torch.empty(WIDTH + slots, dtype=torch.float64)
+            _native.partials_into(_native_input(flat), out, histogram is not None)
             return out[:WIDTH], None if histogram is None else out[WIDTH:].long()
         if flat.dtype != torch.float64:
             flat = flat.float()
@@ -76,15 +77,16 @@ def write_partials(x: Tensor, histogram: HistogramSpec | None, out: Tensor) -> N
     ``x``'s device, such as a row of the recorder's buffer. On the CPU the C kernel writes
     there directly, with nothing allocated.
     """
-    with torch.no_grad():
-        flat = x.detach().reshape(-1)
-        if flat.is_floating_point() and _native_reads(flat, histogram):
-            _native.partials_into(_native_input(flat), out[:WIDTH], _counts_of(out, histogram))
-            return
-        row, hist = tensor_partials(flat, histogram)
-        out[:WIDTH] = row
-        if hist is not None:
-            out[WIDTH:] = hist
+    if x.is_floating_point() and _native_reads(x, histogram):
+        if not _native.supports(x):
+            with torch.no_grad():
+                x = x.detach().float()
+        _native.partials_into(x, out, histogram is not None)
+        return
+    row, hist = tensor_partials(x, histogram)
+    out[:WIDTH] = row
+    if hist is not None:
+        out[WIDTH:] = hist
 
 
 def _native_reads(flat: Tensor, histogram: HistogramSpec | None) -> bool:
@@ -100,14 +102,6 @@ def _native_reads(flat: Tensor, histogram: HistogramSpec | None) -> bool:
         and (histogram is None or isinstance(histogram, Log2Histogram))
         and _native.library() is not None
     )
-
-
-def _slots(histogram: HistogramSpec | None) -> int:
-    return 0 if histogram is None else histogram.slots
-
-
-def _counts_of(out: Tensor, histogram: HistogramSpec | None) -> Tensor | None:
-    return None if histogram is None else out[WIDTH:]
 
 
 def _native_input(flat: Tensor) -> Tensor:
