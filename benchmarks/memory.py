@@ -5,10 +5,11 @@
 
 Each configuration trains in a fresh process (peak RSS is per process); the figures are the
 peak resident set at the end, and how much the resident set grew from half-way to the end.
-The statistics kernel's compiler (torch.compile, imported at the first recorded step) is a
-one-off cost of its own, so configurations run with it and without it (LAYERSCOPE_COMPILE=0).
-Watched runs write to a run directory, as a long run would; an in-memory run (``run=None``)
-keeps every row, by design.
+On the CPU the statistics come from layerscope's C kernel; one configuration uses the compiled
+torch kernel instead (LAYERSCOPE_NATIVE=0), whose compiler is a one-off cost of its own. Another
+trains unwatched with the store's libraries (pyarrow, pandas) imported, the fixed cost of
+writing Parquet at all. Watched runs write to a run directory, as a long run would; an
+in-memory run (``run=None``) keeps every row, by design.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from report import replace_section
 
 STEPS = {"cnn": 400, "gpt": 40, "mlp": 120}
-CONFIGS = {
-    "unwatched": None,
-    "defaults": "dict()",
-    "full, every step": "dict(every=1)",
-    "full, every step, eager kernel": "dict(every=1)",
+# name: (watch options or None, environment, import the store's libraries first)
+CONFIGS: dict[str, tuple[str | None, dict[str, str], bool]] = {
+    "unwatched": (None, {}, False),
+    "unwatched, pyarrow and pandas imported": (None, {}, True),
+    "defaults": ("dict()", {}, False),
+    "full, every step": ("dict(every=1)", {}, False),
+    "full, every step, compiled torch kernel": ("dict(every=1)", {"LAYERSCOPE_NATIVE": "0"}, False),
 }
 
 CHILD = """
@@ -38,6 +41,8 @@ sys.path.insert(0, {benchmarks!r})
 torch.set_num_threads(2)
 import layerscope
 from workloads import WORKLOADS
+if {preload}:
+    import pandas, pyarrow.parquet
 
 def rss_mb():
     with open("/proc/self/statm") as f:
@@ -69,16 +74,16 @@ print(json.dumps(dict(peak=peak, early=early, end=end)))
 """
 
 
-def run(workload: str, config: str, options: str | None) -> dict[str, float]:
+def run(workload: str, config: str) -> dict[str, float]:
+    options, extra, preload = CONFIGS[config]
     code = CHILD.format(
         benchmarks=str(Path(__file__).parent),
         workload=workload,
         options=options,
         steps=STEPS[workload],
+        preload=preload,
     )
-    environment = dict(os.environ)
-    if "eager" in config:
-        environment["LAYERSCOPE_COMPILE"] = "0"
+    environment = {**os.environ, **extra}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=environment
     )
@@ -97,8 +102,8 @@ def main() -> None:
     ]
     for workload in args.workloads:
         base = None
-        for config, options in CONFIGS.items():
-            result = run(workload, config, options)
+        for config in CONFIGS:
+            result = run(workload, config)
             base = base or result["peak"]
             lines.append(
                 f"| {workload} ({STEPS[workload]} steps) | {config} | {result['peak']:.0f} MB "

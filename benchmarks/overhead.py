@@ -66,7 +66,7 @@ def _peer(cls: Any) -> Callable[[torch.nn.Module, Any], Session]:
 IDLE = "layerscope: hooks idle (an unrecorded step, no sentinel)"
 SENTINEL = "layerscope: sentinel alone (an unrecorded step)"
 FULL = "layerscope: full, every step"
-SECOND_COPY = "unwatched, a second copy (the noise floor: ideally 1.00x)"
+SECOND_COPY = "unwatched, the slower of two copies (the noise floor: ideally 1.00x)"
 CONFIGS: dict[str, Callable[[torch.nn.Module, Any], Session] | None] = {
     "unwatched": None,
     SECOND_COPY: None,
@@ -153,7 +153,12 @@ def measure(workload: Workload, rounds: int, steps: int) -> tuple[dict[str, floa
             times[name].append(trainers[name].steps(steps))
     for trainer in trainers.values():
         trainer.close()
-    return {name: statistics.median(values) for name, values in times.items()}, skipped
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    # Two identical unwatched copies can differ by several percent (where their memory lies):
+    # ratios are to the faster one, which can only make the watched ones look worse.
+    if medians[SECOND_COPY] < medians["unwatched"]:
+        medians["unwatched"], medians[SECOND_COPY] = medians[SECOND_COPY], medians["unwatched"]
+    return medians, skipped
 
 
 def _first_100() -> float:
@@ -243,7 +248,8 @@ def main() -> None:
             f"least {args.steps} steps and {BLOCK_SECONDS} s of unwatched training per block; "
             "background work of a configuration (layerscope's writer, TensorBoard's event "
             "writer, wandb's process) finishes inside its block. "
-            "Ratios to the unwatched step of the same run. Workloads: CNN = 5 stride-2 convs, "
+            "Ratios to the unwatched step of the same run: the faster of two unwatched copies "
+            "of the model. Workloads: CNN = 5 stride-2 convs, "
             "batch 256, 1x28x28; GPT = 4 blocks, d=256, 4 heads, sequence 128, batch 8, tied "
             "embedding; MLP = 6 x Linear(1024), batch 128. AdamW. layerscope's full configuration"
             " records activation, grad, weight and weight_grad with every statistic and the log2 "

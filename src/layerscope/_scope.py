@@ -336,15 +336,21 @@ class Scope:
         recorded steps the hook runs eagerly as a graph break, and the statistics are exactly
         those of an eager run. The bools change only between steps, never within a forward.
         """
-        eager: Callable[..., None] = torch.compiler.disable(hook)  # type: ignore[no-untyped-call]  # untyped in torch
+        # The disabling wrapper is made at the first compiled call: making it imports dynamo,
+        # a second and 70 MB that a model never compiled should not pay.
+        eager: list[Callable[..., None]] = []
 
         def gate(*args: Any, **kwargs: Any) -> None:
             compiling = torch.compiler.is_compiling()
             # The sentinel stays out of compiled code: it would break the graph every step.
             # Under compile `not compiling` comes first: no guard on _watching, no recompile.
             if self._recording or (not compiling and self._watching):
-                # Outside compiled code the disabling wrapper would only cost time.
-                (eager if compiling else hook)(*args, **kwargs)
+                if not compiling:  # the disabling wrapper would only cost time here
+                    hook(*args, **kwargs)
+                    return
+                if not eager:
+                    eager.append(torch.compiler.disable(hook))  # type: ignore[no-untyped-call]  # untyped in torch
+                eager[0](*args, **kwargs)
 
         return gate
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from stats_reference import (
     EXACT_FIELDS,
     check_stats,
@@ -184,7 +185,18 @@ def test_builds_once_into_the_cache_and_loads_from_it_after(tmp_path):
         assert done.stdout.startswith("True")
         assert _EXPECTED in done.stdout
     assert log.read_text() == "run\n"  # the second process loaded what the first built
-    assert [path.suffix for path in cache.iterdir()] == [".so"]  # no temporary file left
+    [built] = cache.iterdir()  # no temporary file left
+    assert built.suffix == ".so"
+    # the compiler's own permissions: whoever shares the cache can load it
+    umask = os.umask(0)
+    os.umask(umask)
+    assert built.stat().st_mode & 0o777 == 0o777 & ~umask
+    # a damaged library in the cache is built again
+    built.write_bytes(b"not a library")
+    done = _probe(cache, CC=str(counting))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("True")
+    assert log.read_text() == "run\nrun\n"
 
 
 def test_without_a_compiler_the_torch_kernel_answers_silently(tmp_path):
@@ -211,3 +223,62 @@ def test_a_failing_compiler_warns_once_and_falls_back(tmp_path):
     assert done.stdout.startswith("False")
     assert _EXPECTED in done.stdout
     assert done.stderr.count("building the CPU statistics kernel failed") == 1
+
+
+def test_a_leading_nan_keeps_the_variance_of_offset_data():
+    # The sums are shifted by the first finite value: with a shift of 0, squares - sum**2/n
+    # would cancel to a few percent here.
+    a = 1e4 + 0.01 * np.random.default_rng(3).standard_normal(300_000)
+    a[0] = math.nan
+    a[1] = -math.inf
+    x = torch.from_numpy(a).float()
+    want = reference_stats(values_of(x))
+    from layerscope.stats import _partials
+
+    for row in (tensor_partials(x, None)[0], _partials._float32_partials(x)):
+        check_stats(row_stats(finalize(row[None]), 0), want)
+
+
+def test_a_negative_view_is_read_as_its_values():
+    x = torch.randn(100_000)
+    view = torch._neg_view(x)
+    assert view.is_neg()
+    assert view.is_contiguous()
+    got, got_hist = tensor_partials(view, Log2Histogram())
+    want, want_hist = tensor_partials(-x, Log2Histogram())
+    assert torch.equal(got, want)
+    assert torch.equal(got_hist, want_hist)
+
+
+class _Wrapper(torch.Tensor):
+    """A __torch_dispatch__ wrapper: it reports the CPU but has no memory of its own."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, inner.shape, dtype=inner.dtype, device=inner.device
+        )
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def unwrap(t):
+            return t.inner if isinstance(t, _Wrapper) else t
+
+        return func(*pytree.tree_map(unwrap, args), **pytree.tree_map(unwrap, kwargs or {}))
+
+
+def test_wrapper_subclasses_take_the_torch_kernel():
+    x = torch.randn(70_000)
+    wrapped = _Wrapper(x)
+    assert wrapped.data_ptr() == 0
+    assert not _native.owns_memory(wrapped)
+    out = torch.zeros(WIDTH + 256, dtype=torch.float64)
+    write_partials(wrapped, Log2Histogram(), out)  # the kernel would read address 0
+    want = torch.zeros_like(out)
+    write_partials(x, Log2Histogram(), want)
+    exact = [int(field) for field in EXACT_FIELDS]
+    assert torch.equal(out[exact], want[exact])
+    assert torch.equal(out[WIDTH:], want[WIDTH:])

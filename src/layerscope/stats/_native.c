@@ -27,6 +27,7 @@ enum { SLOTS = 256 };  /* one per float32 exponent */
 #define CHUNK (64 * BLOCK)   /* values between two flushes of 32-bit histogram counts */
 #define PARALLEL_MIN (1 << 16)
 #define MAX_THREADS 64
+#define TABLES 8             /* histogram tables per thread */
 
 typedef struct {
     double sum, squares;  /* of finite values minus the shift */
@@ -84,17 +85,13 @@ static void block_moments(const float* x, int64_t n, double shift, partials_t* p
     p->pos += pos;
 }
 
-/* Histogram counts of one block, spread over four tables: runs of values with the same
+/* Histogram counts of one block, spread over eight tables: runs of values with the same
  * exponent, the usual case, would otherwise wait on each other's increments. */
 static void block_histogram(const float* x, int64_t n, uint32_t (*tables)[SLOTS]) {
     const uint32_t* bits = (const uint32_t*)x;
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        tables[0][(bits[i] >> 23) & 0xff]++;
-        tables[1][(bits[i + 1] >> 23) & 0xff]++;
-        tables[2][(bits[i + 2] >> 23) & 0xff]++;
-        tables[3][(bits[i + 3] >> 23) & 0xff]++;
-    }
+    for (; i + TABLES <= n; i += TABLES)
+        for (int t = 0; t < TABLES; t++) tables[t][(bits[i + t] >> 23) & 0xff]++;
     for (; i < n; i++) tables[0][(bits[i] >> 23) & 0xff]++;
 }
 
@@ -102,7 +99,7 @@ static void block_histogram(const float* x, int64_t n, uint32_t (*tables)[SLOTS]
 static void range_partials(const void* data, int dtype, int64_t begin, int64_t end, double shift,
                            int with_histogram, partials_t* p) {
     float widened[BLOCK];
-    uint32_t tables[4][SLOTS];
+    uint32_t tables[TABLES][SLOTS];
     for (int64_t chunk = begin; chunk < end; chunk += CHUNK) {
         int64_t chunk_end = chunk + CHUNK < end ? chunk + CHUNK : end;
         if (with_histogram) memset(tables, 0, sizeof tables);
@@ -122,34 +119,39 @@ static void range_partials(const void* data, int dtype, int64_t begin, int64_t e
             if (with_histogram) block_histogram(x, n, tables);
         }
         if (with_histogram)
-            for (int slot = 0; slot < SLOTS; slot++)
-                p->hist[slot] += (int64_t)tables[0][slot] + tables[1][slot] + tables[2][slot] +
-                                 tables[3][slot];
+            for (int t = 0; t < TABLES; t++)
+                for (int slot = 0; slot < SLOTS; slot++) p->hist[slot] += tables[t][slot];
     }
 }
 
-static float first_value(const void* data, int dtype) {
-    if (dtype == DTYPE_BFLOAT16) {
-        uint32_t wide = (uint32_t)((const uint16_t*)data)[0] << 16;
-        float value;
-        memcpy(&value, &wide, sizeof value);
-        return value;
+/* The first finite value, or 0 if there is none: the shift of the sums. */
+static double first_finite(const void* data, int dtype, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        if (dtype == DTYPE_BFLOAT16)  /* bfloat16 is float32's upper half */
+            bits = (uint32_t)((const uint16_t*)data)[i] << 16;
+        else
+            memcpy(&bits, (const float*)data + i, sizeof bits);
+        if ((bits & 0x7fffffffu) < 0x7f800000u) {
+            float value;
+            memcpy(&value, &bits, sizeof value);
+            return (double)value;
+        }
     }
-    return ((const float*)data)[0];
+    return 0.0;
 }
 
 int layerscope_abi(void) { return ABI; }
 
 /* Partials of n > 0 values into row[WIDTH] and, unless it is NULL, hist[SLOTS] (float64 counts).
  *
- * Sums run in float64 on the values minus the first one (0 if it is not finite), which bounds
- * the cancellation of squares - sum**2 / count, as _float32_partials explains. Returns 0, or -1
- * for an unknown dtype. */
+ * Sums run in float64 on the values minus the first finite one, which bounds the cancellation
+ * of squares - sum**2 / count, as _float32_partials explains. Returns 0, or -1 for an unknown
+ * dtype. */
 int layerscope_partials(const void* data, int64_t n, int dtype, double* row, double* hist,
                         int threads) {
     if (dtype != DTYPE_FLOAT32 && dtype != DTYPE_BFLOAT16) return -1;
-    float first = first_value(data, dtype);
-    double shift = isfinite(first) ? (double)first : 0.0;
+    double shift = first_finite(data, dtype, n);
     int with_histogram = hist != NULL;
     int64_t blocks = (n + BLOCK - 1) / BLOCK;
     if (threads > MAX_THREADS) threads = MAX_THREADS;

@@ -16,6 +16,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -33,10 +34,17 @@ _ABI = 100 * WIDTH + 1  # the C file's ABI: its row width and a version
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _HIST_OFFSET = WIDTH * 8  # bytes from a row's start to its histogram
 # From most to least capable; OpenMP is left out where the compiler has none (Apple's clang).
-_FLAG_SETS = (
-    ("-O3", "-march=native", "-fopenmp"),
-    ("-O3", "-march=native"),
-    ("-O3",),
+# On x86, 512-bit vectors where the CPU has them: about 10% faster than gcc's default 256.
+_WIDE = ("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ()
+_FLAG_SETS = tuple(
+    ("-O3", "-fno-strict-aliasing", *flags)  # the kernel reads floats' bits through uint32_t
+    for flags in (
+        ("-march=native", *_WIDE, "-fopenmp"),
+        ("-march=native", "-fopenmp"),
+        ("-fopenmp",),
+        ("-march=native",),
+        (),
+    )
 )
 
 _library: ctypes.CDLL | None = None
@@ -67,6 +75,15 @@ def supports(x: Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype in _DTYPES and x.numel() > 0
 
 
+def owns_memory(x: Tensor) -> bool:
+    """Whether ``x`` is a plain tensor whose values lie in its own memory.
+
+    Wrapper subclasses (DTensor, FakeTensor, ``__torch_dispatch__`` wrappers) report the CPU
+    but have no data pointer the kernel could read.
+    """
+    return type(x) in (Tensor, torch.nn.Parameter) and x.data_ptr() != 0
+
+
 def partials_into(x: Tensor, out: Tensor, with_histogram: bool) -> None:
     """Write the partials of ``x`` to the start of ``out`` and its log2 histogram after them.
 
@@ -76,8 +93,8 @@ def partials_into(x: Tensor, out: Tensor, with_histogram: bool) -> None:
     """
     lib = library()
     assert lib is not None, "partials_into needs library()"
-    if not x.is_contiguous():
-        x = x.detach().contiguous()
+    if not x.is_contiguous() or x.is_neg():  # a negative view's memory holds -x
+        x = x.detach().resolve_neg().contiguous()
     row = out.data_ptr()
     status = lib.layerscope_partials(
         x.data_ptr(), x.numel(), _DTYPES[x.dtype], row,
@@ -90,20 +107,25 @@ def partials_into(x: Tensor, out: Tensor, with_histogram: bool) -> None:
 def _load() -> ctypes.CDLL | None:
     if os.environ.get("LAYERSCOPE_NATIVE", "1") == "0":
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None or shutil.which(compiler) is None:
+    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or "gcc"]
+    if shutil.which(compiler[0]) is None:
         return None
     source = SOURCE.read_bytes()
     errors = []
     for flags in _FLAG_SETS:
         path = _cache_dir() / f"stats-{_key(source, compiler, flags)}.so"
-        if not path.exists():
-            try:
+        try:
+            if not path.exists():
                 _compile(compiler, flags, path)
-            except RuntimeError as error:
-                errors.append(str(error))
-                continue
-        lib = ctypes.CDLL(str(path))
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError:  # a damaged file in the cache: build it again, once
+                path.unlink(missing_ok=True)
+                _compile(compiler, flags, path)
+                lib = ctypes.CDLL(str(path))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+            errors.append(str(error))
+            continue  # fewer flags may do: no OpenMP, no -march=native
         if lib.layerscope_abi() != _ABI:
             raise RuntimeError(f"{path} has ABI {lib.layerscope_abi()}, expected {_ABI}")
         lib.layerscope_partials.restype = ctypes.c_int
@@ -115,21 +137,24 @@ def _load() -> ctypes.CDLL | None:
     raise RuntimeError(errors[-1])
 
 
-def _compile(compiler: str, flags: tuple[str, ...], path: Path) -> None:
-    """Build into a temporary file beside ``path``, then rename: processes racing are safe."""
+def _compile(compiler: list[str], flags: tuple[str, ...], path: Path) -> None:
+    """Build in a fresh folder beside ``path``, then rename it into place.
+
+    Processes racing are safe, and the library keeps the compiler's usual permissions, so
+    whoever shares the cache can load it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(suffix=".so", dir=path.parent)
-    os.close(handle)
+    folder = tempfile.mkdtemp(dir=path.parent)
+    built = os.path.join(folder, path.name)
     try:
-        command = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", temporary]
+        command = [*compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", built]
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
             raise RuntimeError(f"{' '.join(command)}: {last}")
-        os.replace(temporary, path)
+        os.replace(built, path)
     finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _cache_dir() -> Path:
@@ -140,10 +165,10 @@ def _cache_dir() -> Path:
     return Path(base) / "layerscope"
 
 
-def _key(source: bytes, compiler: str, flags: tuple[str, ...]) -> str:
+def _key(source: bytes, compiler: list[str], flags: tuple[str, ...]) -> str:
     """Source, compiler, flags and CPU: ``-march=native`` code must not meet another CPU."""
     digest = hashlib.sha256(source)
-    for part in (compiler, " ".join(flags), platform.machine(), _cpu_identity()):
+    for part in (" ".join(compiler), " ".join(flags), platform.machine(), _cpu_identity()):
         digest.update(b"\0" + part.encode())
     return digest.hexdigest()[:16]
 
