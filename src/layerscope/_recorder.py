@@ -8,6 +8,7 @@ the buffers' copy to the host and hands the batch to the writer thread. It never
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -47,6 +48,22 @@ class Owner:
     tensor: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """A tensor recorded since the last flush: which row holds its partials."""
+
+    tensor: weakref.ref[Tensor]  # a dead tensor's id may be reused: check it is the same
+    version: int  # in-place changes since bump it
+    buffer_id: int
+    index: int
+    custom: tuple[tuple[str, int, int, bool, int], ...]
+
+
+def _version(tensor: Tensor) -> int | None:
+    """The tensor's version counter; None for inference tensors, which keep none."""
+    return None if tensor.is_inference() else tensor._version
+
+
 class Recorder:
     """Partials of recorded tensors, held on their devices until the next flush."""
 
@@ -70,6 +87,7 @@ class Recorder:
         self.partial = False  # the current step has flushed part of its readings
         self.last_flush = time.monotonic()
         self._fail = fail
+        self._seen: dict[int, _Seen] = {}  # id(tensor) -> its row, until the next flush
 
     def record(
         self,
@@ -82,11 +100,24 @@ class Recorder:
         tensor: Tensor,
         also_owned_by: Sequence[Owner] = (),
     ) -> None:
-        """Compute the partials of ``tensor`` on its device and keep them for the next flush."""
-        buffer_id, rows = self._rows_on(tensor.device)
-        index, out = rows.reserve()
-        write_partials(tensor, self.histogram, out)
-        custom = self._custom_stats(rows, tensor) if self.custom else ()
+        """Compute the partials of ``tensor`` on its device and keep them for the next flush.
+
+        A tensor already recorded since the last flush, and not modified since, shares that
+        row: a module's input is usually the output of the module before it.
+        """
+        seen = self._seen.get(id(tensor))
+        if seen is not None and seen.tensor() is tensor and seen.version == _version(tensor):
+            buffer_id, index, custom = seen.buffer_id, seen.index, seen.custom
+        else:
+            buffer_id, rows = self._rows_on(tensor.device)
+            index, out = rows.reserve()
+            write_partials(tensor, self.histogram, out)
+            custom = self._custom_stats(rows, tensor) if self.custom else ()
+            version = _version(tensor)
+            if version is not None:
+                self._seen[id(tensor)] = _Seen(
+                    weakref.ref(tensor), version, buffer_id, index, custom
+                )
         identity = Identity(phase, target.name, target.module_type, kind, name, call)
         reading = Reading(
             step,
@@ -179,6 +210,7 @@ class Recorder:
         }
         self.pipeline.submit(Batch(self.readings, copies, self.scalars, final, self.extremes))
         self.readings, self.scalars, self.extremes = [], [], []
+        self._seen.clear()  # row indices start again in the emptied buffers
         self.partial = not final
         self.last_flush = time.monotonic()
 
