@@ -29,9 +29,9 @@ def test_inputs_share_the_rows_of_the_outputs_before_them(monkeypatch):
     reductions = []
     real = _recorder.write_partials
 
-    def counting(tensor, histogram, out):
+    def counting(tensor, histogram, rows, index):
         reductions.append(tensor.shape)
-        real(tensor, histogram, out)
+        real(tensor, histogram, rows, index)
 
     monkeypatch.setattr(_recorder, "write_partials", counting)
     scope = layerscope.watch(model, every=1, capture=("input", "activation"))
@@ -63,9 +63,9 @@ def test_rows_are_not_shared_across_steps(monkeypatch):
     reductions = []
     real = _recorder.write_partials
 
-    def counting(tensor, histogram, out):
+    def counting(tensor, histogram, rows, index):
         reductions.append(1)
-        real(tensor, histogram, out)
+        real(tensor, histogram, rows, index)
 
     monkeypatch.setattr(_recorder, "write_partials", counting)
     x = torch.randn(4, 8)

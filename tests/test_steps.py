@@ -269,10 +269,10 @@ def test_layerscope_measures_its_own_cost_on_the_training_thread(monkeypatch, tm
     real = _recorder.write_partials
     calls = []
 
-    def slow(tensor, histogram, out):
+    def slow(tensor, histogram, rows, index):
         calls.append(1)
         time.sleep(0.002)
-        real(tensor, histogram, out)
+        real(tensor, histogram, rows, index)
 
     monkeypatch.setattr(_recorder, "write_partials", slow)
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())

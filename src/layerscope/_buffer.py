@@ -72,22 +72,27 @@ class DeviceRows:
         """Whether anything waits to be taken."""
         return self._size > 0 or self._values_size > 0 or bool(self._extremes)
 
-    def reserve(self) -> tuple[int, Tensor]:
-        """Add a row for a kernel to write its partials into; return its index and the row."""
+    @property
+    def data(self) -> Tensor:
+        """The rows, ``(capacity, row_width)``; ``reserve`` may replace it by a larger one."""
+        return self._data
+
+    def reserve(self) -> int:
+        """Add a row for a kernel to write its partials into (``data[index]``); return its index."""
         if self._size == self._data.shape[0]:
             grown = self._data.new_zeros(2 * self._size, self.row_width)
             grown[: self._size] = self._data
             self._data = grown
         index = self._size
         self._size += 1
-        return index, self._data[index]
+        return index
 
     def append(self, row: Tensor, hist: Tensor | None) -> int:
         """Store one row of partials (and its histogram); return its index."""
-        index, out = self.reserve()
-        out[:WIDTH] = row
+        index = self.reserve()
+        self._data[index, :WIDTH] = row
         if hist is not None:
-            out[WIDTH:] = hist
+            self._data[index, WIDTH:] = hist
         return index
 
     def add_values(self, values: Tensor) -> tuple[int, int]:

@@ -88,6 +88,7 @@ class Recorder:
         self.last_flush = time.monotonic()
         self._fail = fail
         self._seen: dict[int, _Seen] = {}  # id(tensor) -> its row, until the next flush
+        self._forms: dict[tuple[torch.dtype, torch.Size], int] = {}
 
     def record(
         self,
@@ -110,8 +111,8 @@ class Recorder:
             buffer_id, index, custom = seen.buffer_id, seen.index, seen.custom
         else:
             buffer_id, rows = self._rows_on(tensor.device)
-            index, out = rows.reserve()
-            write_partials(tensor, self.histogram, out)
+            index = rows.reserve()
+            write_partials(tensor, self.histogram, rows.data, index)
             custom = self._custom_stats(rows, tensor) if self.custom else ()
             version = _version(tensor)
             if version is not None:
@@ -166,8 +167,12 @@ class Recorder:
             self.flush(final=True)
 
     def _form_code(self, tensor: Tensor) -> int:
-        form = Form(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
-        return self.identities.form_code(form)
+        key = (tensor.dtype, tensor.shape)
+        code = self._forms.get(key)
+        if code is None:
+            form = Form(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+            code = self._forms[key] = self.identities.form_code(form)
+        return code
 
     def add_scalars(self, step: int, scalars: Mapping[str, float | Tensor]) -> None:
         """Keep scalars of ``step``; tensors stay on their device until the flush."""

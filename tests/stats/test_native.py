@@ -129,7 +129,7 @@ def test_write_partials_fills_its_row_and_nothing_else(histogram):
     slots = 0 if histogram is None else histogram.slots
     x = torch.randn(70_000)
     rows = torch.full((3, WIDTH + slots), -7.0, dtype=torch.float64)
-    write_partials(x, histogram, rows[1])
+    write_partials(x, histogram, rows, 1)
     row, hist = tensor_partials(x, histogram)
     assert torch.equal(rows[1, :WIDTH], row)
     if hist is not None:
@@ -275,10 +275,10 @@ def test_wrapper_subclasses_take_the_torch_kernel():
     wrapped = _Wrapper(x)
     assert wrapped.data_ptr() == 0
     assert not _native.owns_memory(wrapped)
-    out = torch.zeros(WIDTH + 256, dtype=torch.float64)
-    write_partials(wrapped, Log2Histogram(), out)  # the kernel would read address 0
+    out = torch.zeros(1, WIDTH + 256, dtype=torch.float64)
+    write_partials(wrapped, Log2Histogram(), out, 0)  # the kernel would read address 0
     want = torch.zeros_like(out)
-    write_partials(x, Log2Histogram(), want)
+    write_partials(x, Log2Histogram(), want, 0)
     exact = [int(field) for field in EXACT_FIELDS]
-    assert torch.equal(out[exact], want[exact])
-    assert torch.equal(out[WIDTH:], want[WIDTH:])
+    assert torch.equal(out[0, exact], want[0, exact])
+    assert torch.equal(out[0, WIDTH:], want[0, WIDTH:])

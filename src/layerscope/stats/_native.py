@@ -84,18 +84,18 @@ def owns_memory(x: Tensor) -> bool:
     return type(x) in (Tensor, torch.nn.Parameter) and x.data_ptr() != 0
 
 
-def partials_into(x: Tensor, out: Tensor, with_histogram: bool) -> None:
-    """Write the partials of ``x`` to the start of ``out`` and its log2 histogram after them.
+def partials_into(x: Tensor, rows: Tensor, index: int, with_histogram: bool) -> None:
+    """Write the partials of ``x`` to the start of ``rows[index]``, its log2 histogram after.
 
-    ``x`` must be ``supports``-ed; ``out`` is a contiguous float64 CPU row of ``WIDTH``
-    values, or of ``WIDTH + LOG2_BINS`` with the histogram, such as a row of the recorder's
-    buffer. This runs once per recorded tensor: it works on pointers, with no tensor views.
+    ``x`` must be ``supports``-ed; ``rows`` is a contiguous float64 CPU matrix of ``WIDTH``
+    columns, or of ``WIDTH + LOG2_BINS`` with the histogram, such as the recorder's buffer.
+    This runs once per recorded tensor: it works on pointers, with no tensor views.
     """
     lib = library()
     assert lib is not None, "partials_into needs library()"
     if not x.is_contiguous() or x.is_neg():  # a negative view's memory holds -x
         x = x.detach().resolve_neg().contiguous()
-    row = out.data_ptr()
+    row = rows.data_ptr() + index * rows.stride(0) * rows.element_size()
     status = lib.layerscope_partials(
         x.data_ptr(), x.numel(), _DTYPES[x.dtype], row,
         row + _HIST_OFFSET if with_histogram else None, torch.get_num_threads(),

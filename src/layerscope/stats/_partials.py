@@ -52,9 +52,9 @@ def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor,
             return _count_partials(flat), None
         if _native_reads(flat, histogram):
             slots = 0 if histogram is None else histogram.slots
-            out = torch.empty(WIDTH + slots, dtype=torch.float64)
-            _native.partials_into(_native_input(flat), out, histogram is not None)
-            return out[:WIDTH], None if histogram is None else out[WIDTH:].long()
+            out = torch.empty(1, WIDTH + slots, dtype=torch.float64)
+            _native.partials_into(_native_input(flat), out, 0, histogram is not None)
+            return out[0, :WIDTH], None if histogram is None else out[0, WIDTH:].long()
         if flat.dtype != torch.float64:
             flat = flat.float()
         if flat.numel() == 0:
@@ -70,23 +70,23 @@ def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor,
         return row, hist
 
 
-def write_partials(x: Tensor, histogram: HistogramSpec | None, out: Tensor) -> None:
-    """Write what ``tensor_partials`` returns into ``out``: the row, then the histogram.
+def write_partials(x: Tensor, histogram: HistogramSpec | None, rows: Tensor, index: int) -> None:
+    """Write what ``tensor_partials`` returns into ``rows[index]``: the row, then the histogram.
 
-    ``out`` is a float64 row of ``WIDTH + histogram.slots`` (``WIDTH`` with no histogram) on
-    ``x``'s device, such as a row of the recorder's buffer. On the CPU the C kernel writes
-    there directly, with nothing allocated.
+    ``rows`` is a contiguous float64 matrix of ``WIDTH + histogram.slots`` columns (``WIDTH``
+    with no histogram) on ``x``'s device, such as the recorder's buffer. On the CPU the C
+    kernel writes there directly, with nothing allocated.
     """
     if x.is_floating_point() and _native_reads(x, histogram):
         if not _native.supports(x):
             with torch.no_grad():
                 x = x.detach().float()
-        _native.partials_into(x, out, histogram is not None)
+        _native.partials_into(x, rows, index, histogram is not None)
         return
     row, hist = tensor_partials(x, histogram)
-    out[:WIDTH] = row
+    rows[index, :WIDTH] = row
     if hist is not None:
-        out[WIDTH:] = hist
+        rows[index, WIDTH:] = hist
 
 
 def _native_reads(flat: Tensor, histogram: HistogramSpec | None) -> bool:
