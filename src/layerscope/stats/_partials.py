@@ -113,7 +113,7 @@ def _native_input(flat: Tensor) -> Tensor:
 def _float32_partials(x: Tensor) -> Tensor:
     """Partials of a non-empty 1-D float32 tensor, in one pass over it.
 
-    Sums run in float64 on values shifted by the first finite element (or 0): float32's
+    Sums run in float64 on values shifted by the first element (0 if not finite): float32's
     squares can neither overflow nor underflow there, so no rescaling pass is needed, and the
     shift keeps ``sum(d**2) - sum(d)**2 / n`` from cancelling: where the first element is far
     from the mean, M2 is at least as large as that distance squared.
@@ -122,8 +122,9 @@ def _float32_partials(x: Tensor) -> Tensor:
     finite = x.abs() < _INF  # NaN compares false too
     nan = torch.count_nonzero(torch.isnan(x))
     count = torch.count_nonzero(finite)
-    # The first finite element (argmax finds the first True), or 0 where none is.
-    first = x[finite.to(torch.uint8).argmax()].double()
+    # The first element, or 0 where it is not finite (the C kernel looks further: here that
+    # would take a pass of its own, and float64's pairwise sums keep the error small).
+    first = x[0].double()
     shift = torch.where(first.abs() < _INF, first, 0.0)
     deviation = torch.where(finite, x.double() - shift, 0.0)
     total = deviation.sum()
