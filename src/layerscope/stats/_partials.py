@@ -78,10 +78,7 @@ def write_partials(x: Tensor, histogram: HistogramSpec | None, rows: Tensor, ind
     kernel writes there directly, with nothing allocated.
     """
     if x.is_floating_point() and _native_reads(x, histogram):
-        if not _native.supports(x):
-            with torch.no_grad():
-                x = x.detach().float()
-        _native.partials_into(x, rows, index, histogram is not None)
+        _native.partials_into(_native_input(x.detach()), rows, index, histogram is not None)
         return
     row, hist = tensor_partials(x, histogram)
     rows[index, :WIDTH] = row
