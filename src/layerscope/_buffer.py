@@ -87,14 +87,6 @@ class DeviceRows:
         self._size += 1
         return index
 
-    def append(self, row: Tensor, hist: Tensor | None) -> int:
-        """Store one row of partials (and its histogram); return its index."""
-        index = self.reserve()
-        self._data[index, :WIDTH] = row
-        if hist is not None:
-            self._data[index, WIDTH:] = hist
-        return index
-
     def add_values(self, values: Tensor) -> tuple[int, int]:
         """Store loose values (any shape, flattened); return their offset and length."""
         flat = values.detach().reshape(-1).to(device=self.device, dtype=torch.float64)
