@@ -38,7 +38,7 @@ from layerscope._table import (
     Reading,
     arrive,
     finalize_merged,
-    merge_batch,
+    merge_batches,
 )
 from layerscope.sinks import Records, RunInfo, RunSummary
 from layerscope.stats import WIDTH, StatSelection, finalize
@@ -162,12 +162,12 @@ def finalise_and_write_rate(directory: Path, steps: int) -> float:
         batches.append(Batch(readings, {0: HostCopy(payload, per_step, WIDTH + 256, None)}))
     selection = StatSelection()
     start = time.perf_counter()
-    for index, batch in enumerate(batches):
-        merged, _ = merge_batch(batch, None, arrive(batch))
+    for first in range(0, steps, 10):  # as the writer does: a segment's steps at once
+        group = batches[first : first + 10]
+        merged, _ = merge_batches(group, None, [arrive(batch) for batch in group])
         assert merged is not None
         store.write(Records(stats=finalize_merged(merged, 0, selection, identities)))
-        if index % 10 == 9:
-            store.flush()
+        store.flush()
     store.flush()
     store.sync()
     elapsed = time.perf_counter() - start

@@ -189,7 +189,15 @@ def test_buffers_are_recorded_after_the_step():
 
 
 @pytest.mark.parametrize("with_custom", [False, True])
-def test_many_forward_passes_in_one_step_flush_early_and_merge_the_same(with_custom):
+@pytest.mark.parametrize("waiting_batches", [1, 3, 64])
+def test_many_forward_passes_in_one_step_flush_early_and_merge_the_same(
+    with_custom, waiting_batches, monkeypatch
+):
+    # The writer merges up to waiting_batches batches at once: 1 carries every piece of a step
+    # to the next, 3 ends groups in the middle of steps, 64 takes both steps in one group.
+    from layerscope import _pipeline
+
+    monkeypatch.setattr(_pipeline, "WAITING_BATCHES", waiting_batches)
     stats = {"rms": lambda t: t.pow(2).mean().sqrt()} if with_custom else None
 
     def run(rows_per_flush):
@@ -231,6 +239,27 @@ def test_many_forward_passes_in_one_step_flush_early_and_merge_the_same(with_cus
             whole.rms.to_numpy(float), pieces.rms.to_numpy(float), rtol=1e-12
         )
     assert whole_scalars.values.tolist() == piece_scalars.values.tolist()
+
+
+def test_the_writer_finalises_once_per_flush_not_once_per_step(monkeypatch, tmp_path):
+    from layerscope import _pipeline
+
+    calls = []
+    finalize_merged = _pipeline.finalize_merged
+    monkeypatch.setattr(
+        _pipeline,
+        "finalize_merged",
+        lambda merged, *args: calls.append(len(merged.keys)) or finalize_merged(merged, *args),
+    )
+    model = nn.Linear(3, 2)
+    store = layerscope.store.ParquetStore(tmp_path / "run", flush_steps=10, flush_seconds=3600)
+    with layerscope.watch(model, every=1, run=store) as scope:
+        for _ in range(25):
+            model(torch.randn(4, 3)).sum().backward()
+            scope.step()
+    # activation, grad, weight, bias and their grads: 6 rows a step
+    assert calls == [10 * 6, 10 * 6, 5 * 6]
+    assert len(layerscope.load(tmp_path / "run").stats) == 25 * 6
 
 
 def test_scalars_of_unrecorded_steps_do_not_pile_up():

@@ -212,25 +212,29 @@ def arrive(batch: Batch) -> dict[int, Arrived]:
     return {buffer: copy.wait() for buffer, copy in batch.copies.items()}
 
 
-def merge_batch(
-    batch: Batch, carry: Merged | None, arrived: Mapping[int, Arrived]
+def merge_batches(
+    batches: Sequence[Batch], carry: Merged | None, arrivals: Sequence[Mapping[int, Arrived]]
 ) -> tuple[Merged | None, list[tuple[int, str, float]]]:
-    """Merge the batch's readings, and what ``carry`` holds, by key.
+    """Merge the readings of ``batches`` (in order), and what ``carry`` holds, by key.
 
-    Readings of forward and backward kinds that share step and identity merge; for parameter
-    and buffer kinds the latest reading replaces earlier ones.
+    ``arrivals`` holds each batch's arrived buffers. Readings of forward and backward kinds
+    that share step and identity merge; for parameter and buffer kinds the latest reading
+    replaces earlier ones. Batches of many steps merge in one go: keys hold the step.
     """
     scalars = [
         (step, name, value if isinstance(value, float) else _value(arrived, value))
+        for batch, arrived in zip(batches, arrivals, strict=True)
         for step, name, value in batch.scalars
     ]
     sources = [carry.rows] if carry is not None else []
-    offsets: dict[int, int] = {}
+    offsets: list[dict[int, int]] = []  # per batch: where each of its buffers' rows start
     start = sources[0].shape[0] if sources else 0
-    for buffer, (rows, _, _) in arrived.items():
-        offsets[buffer] = start
-        start += rows.shape[0]
-        sources.append(rows)
+    for arrived in arrivals:
+        offsets.append({})
+        for buffer, (rows, _, _) in arrived.items():
+            offsets[-1][buffer] = start
+            start += rows.shape[0]
+            sources.append(rows)
     if start == 0:
         return None, scalars
 
@@ -241,17 +245,18 @@ def merge_batch(
             zip(carry.keys, carry.forms, carry.custom, strict=True)
         ):
             groups[key] = ([row], form, dict(custom))
-    for reading in batch.readings:
-        key = (reading.step, reading.identity)
-        row = offsets[reading.buffer] + reading.row
-        custom = _custom_sums(reading, arrived) if reading.custom else {}
-        entry = groups.get(key)
-        if entry is None or reading.replaces:
-            groups[key] = ([row], reading.form if entry is None else entry[1], custom)
-            continue
-        entry[0].append(row)
-        for name, value in custom.items():
-            entry[2][name] = _add_custom(entry[2].get(name), value)
+    for batch, arrived, offset in zip(batches, arrivals, offsets, strict=True):
+        for reading in batch.readings:
+            key = (reading.step, reading.identity)
+            row = offset[reading.buffer] + reading.row
+            custom = _custom_sums(reading, arrived) if reading.custom else {}
+            entry = groups.get(key)
+            if entry is None or reading.replaces:
+                groups[key] = ([row], reading.form if entry is None else entry[1], custom)
+                continue
+            entry[0].append(row)
+            for name, value in custom.items():
+                entry[2][name] = _add_custom(entry[2].get(name), value)
 
     all_rows = sources[0] if len(sources) == 1 else torch.cat(sources)
     chosen = [row for rows, _, _ in groups.values() for row in rows]
@@ -302,16 +307,17 @@ def finalize_merged(
 
 
 def sentinel_chunk(
-    extremes: Sequence[Extreme],
-    arrived: Mapping[int, Arrived],
+    batches: Sequence[Batch],
+    arrivals: Sequence[Mapping[int, Arrived]],
     rank: int,
     selection: StatSelection,
     identities: Identities,
 ) -> Chunk | None:
-    """The sentinel's rows: readings of one step and identity (micro-batches) merged.
+    """The sentinel's rows of ``batches``, readings of one step and identity merged.
 
     Minima and maxima merge with NaN winning, as they were taken: a NaN anywhere shows.
     """
+    extremes = [extreme for batch in batches for extreme in batch.extremes]
     if not extremes:
         return None
     groups: dict[tuple[int, int], int] = {}
@@ -319,12 +325,9 @@ def sentinel_chunk(
     first: dict[int, int] = {}
     for position, code in enumerate(group_of):
         first.setdefault(code, position)
-    pairs = torch.empty(len(extremes), 2, dtype=torch.float64)
-    buffer_of = torch.tensor([e.buffer for e in extremes])
-    pair_of = torch.tensor([e.pair for e in extremes])
-    for buffer, got in arrived.items():
-        here = buffer_of == buffer
-        pairs[here] = got.extremes[pair_of[here]]
+    pairs = torch.cat(
+        [_pairs(batch, arrived) for batch, arrived in zip(batches, arrivals, strict=True)]
+    )
     count = len(groups)
     group = torch.tensor(group_of)
     low = torch.full((count,), torch.inf, dtype=torch.float64)
@@ -354,6 +357,19 @@ def sentinel_chunk(
         },
         sentinel=True,
     )
+
+
+def _pairs(batch: Batch, arrived: Mapping[int, Arrived]) -> Tensor:
+    """The (min, max) pair of each of the batch's extremes, ``(len(extremes), 2)`` float64."""
+    pairs = torch.empty(len(batch.extremes), 2, dtype=torch.float64)
+    if not batch.extremes:
+        return pairs
+    buffer_of = torch.tensor([e.buffer for e in batch.extremes])
+    pair_of = torch.tensor([e.pair for e in batch.extremes])
+    for buffer, got in arrived.items():
+        here = buffer_of == buffer
+        pairs[here] = got.extremes[pair_of[here]]
+    return pairs
 
 
 def _custom_sums(reading: Reading, arrived: Mapping[int, Arrived]) -> dict[str, _CustomSum]:
