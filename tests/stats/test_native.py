@@ -81,6 +81,27 @@ def test_large_tensors_match_float64_numpy(n, kind, dtype):
     check_stats(row_stats(finalize(row[None]), 0), reference_stats(a))
 
 
+@pytest.mark.parametrize("tail", [0, 1, 63, 64, 65, 1000])
+def test_blocks_of_every_exponent_span_count_exactly(tail):
+    # Blocks spanning up to 32 exponents are counted by compares where the CPU has AVX-512,
+    # wider ones one value at a time: block k spans k exponents, around 2**(k - 20), with
+    # zeros, subnormals, Inf and NaN in some blocks, and a short block at the end.
+    rng = np.random.default_rng(tail)
+    blocks = []
+    for span in range(1, 41):
+        exponents = rng.integers(0, span, 1024) + span - 20
+        block = rng.uniform(1.0, 2.0, 1024) * 2.0**exponents * rng.choice([-1.0, 1.0], 1024)
+        if span % 3 == 0:
+            block[rng.integers(0, 1024, 5)] = [0.0, -0.0, 1e-42, math.inf, math.nan]
+        blocks.append(block)
+    a = np.concatenate([*blocks, rng.standard_normal(tail)]).astype(np.float32)
+    row, hist = tensor_partials(torch.from_numpy(a), Log2Histogram())
+    np.testing.assert_array_equal(hist.numpy(), log2_reference(a.astype(np.float64)))
+    want = reference_row(a.astype(np.float64))
+    for field in EXACT_FIELDS:
+        assert row[field].item() == want[field], field.name
+
+
 @pytest.mark.parametrize("n", [PARALLEL_MIN, 1_000_003])
 def test_thread_counts_agree_and_each_repeats_itself_exactly(n):
     x = torch.from_numpy(_values("specials_everywhere", n, np.random.default_rng(1))).float()

@@ -16,6 +16,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
 
 /* The layout of a row: must match layerscope.stats.Field. */
 enum { NUMEL, COUNT, MEAN, M2, MIN, MAX, ZEROS, NANS, INFS, NEG, POS, WIDTH };
@@ -87,12 +90,82 @@ static void block_moments(const float* x, int64_t n, double shift, partials_t* p
 
 /* Histogram counts of one block, spread over eight tables: runs of values with the same
  * exponent, the usual case, would otherwise wait on each other's increments. */
-static void block_histogram(const float* x, int64_t n, uint32_t (*tables)[SLOTS]) {
+static void block_histogram_scalar(const float* x, int64_t n, uint32_t (*tables)[SLOTS]) {
     const uint32_t* bits = (const uint32_t*)x;
     int64_t i = 0;
     for (; i + TABLES <= n; i += TABLES)
         for (int t = 0; t < TABLES; t++) tables[t][(bits[i + t] >> 23) & 0xff]++;
     for (; i < n; i++) tables[0][(bits[i] >> 23) & 0xff]++;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* A block's values span few exponents: in the models measured, 12 to 16 of the 254 normal
+ * ones, at most 34. Counting each exponent present with byte compares, 64 values a compare,
+ * then beats a table increment per value, which is bound by stores. Wider blocks go scalar. */
+#define VECTOR_SPAN 32
+
+static inline int min_byte(__m512i v) {
+    __m256i a = _mm256_min_epu8(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i b = _mm_min_epu8(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    __m128i c = _mm_min_epu16(_mm_cvtepu8_epi16(b), _mm_cvtepu8_epi16(_mm_srli_si128(b, 8)));
+    return _mm_extract_epi16(_mm_minpos_epu16(c), 0);
+}
+
+static inline int max_byte(__m512i v) { return 255 - min_byte(_mm512_xor_si512(v, _mm512_set1_epi8(-1))); }
+
+/* Counts of exponent e among the first `full` bytes of ex (a multiple of 64, at most BLOCK):
+ * each byte lane counts at most BLOCK / 64 = 16 matches, then the lanes are summed. */
+static inline uint32_t count_byte(const uint8_t* ex, int64_t full, int e) {
+    const __m512i key = _mm512_set1_epi8((char)e), one = _mm512_set1_epi8(1);
+    __m512i counts = _mm512_setzero_si512();
+    for (int64_t j = 0; j < full; j += 64) {
+        __mmask64 equal = _mm512_cmpeq_epi8_mask(_mm512_loadu_si512(ex + j), key);
+        counts = _mm512_mask_add_epi8(counts, equal, counts, one);
+    }
+    return (uint32_t)_mm512_reduce_add_epi64(_mm512_sad_epu8(counts, _mm512_setzero_si512()));
+}
+
+/* Histogram counts of one block into table by exponent compares; 0 if its span is too wide
+ * (nothing is counted then), else 1. */
+static int block_histogram_vector(const float* x, int64_t n, uint32_t* table) {
+    uint8_t ex[BLOCK];
+    int64_t full = n & ~(int64_t)63;
+    const __m512i one = _mm512_set1_epi8(1);
+    __m512i low = _mm512_set1_epi8(-1), high = _mm512_setzero_si512();
+    __m512i normal_low = low, normal_high = high;
+    for (int64_t i = 0; i < full; i += 64) {
+        __m128i q[4];  /* the exponent bytes of 16 values: the shift leaves the sign in bit 8 */
+        for (int k = 0; k < 4; k++)
+            q[k] = _mm512_cvtepi32_epi8(_mm512_srli_epi32(_mm512_loadu_si512(x + i + 16 * k), 23));
+        __m512i e = _mm512_inserti32x4(_mm512_castsi128_si512(q[0]), q[1], 1);
+        e = _mm512_inserti32x4(_mm512_inserti32x4(e, q[2], 2), q[3], 3);
+        _mm512_storeu_si512(ex + i, e);
+        low = _mm512_min_epu8(low, e);
+        high = _mm512_max_epu8(high, e);
+        /* minus and plus one wrap 0 and 255 past the normal exponents, 1 to 254 */
+        normal_low = _mm512_min_epu8(normal_low, _mm512_sub_epi8(e, one));
+        normal_high = _mm512_max_epu8(normal_high, _mm512_add_epi8(e, one));
+    }
+    if (full == 0) return 0;
+    int first = min_byte(normal_low) + 1, last = max_byte(normal_high) - 1;
+    int zero = min_byte(low) == 0, special = max_byte(high) == 255;
+    int span = (first <= last ? last - first + 1 : 0) + zero + special;
+    if (span > VECTOR_SPAN) return 0;
+    if (zero) table[0] += count_byte(ex, full, 0);
+    if (special) table[255] += count_byte(ex, full, 255);
+    for (int e = first; e <= last; e++) table[e] += count_byte(ex, full, e);
+    const uint32_t* bits = (const uint32_t*)x;
+    for (int64_t i = full; i < n; i++) table[(bits[i] >> 23) & 0xff]++;
+    return 1;
+}
+#endif
+
+/* Histogram counts of one block into the chunk's tables. */
+static void block_histogram(const float* x, int64_t n, uint32_t (*tables)[SLOTS]) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (block_histogram_vector(x, n, tables[0])) return;
+#endif
+    block_histogram_scalar(x, n, tables);
 }
 
 /* Partials of values [begin, end) into p. */
