@@ -150,6 +150,52 @@ def test_segments_are_written_while_training_and_compacted_at_close(tmp_path):
     assert sorted(set(layerscope.load(tmp_path / "r").stats.step)) == list(range(6))
 
 
+@pytest.mark.parametrize("row_group", [7, 1 << 15])
+def test_compaction_keeps_every_row_of_segments_whose_columns_differ(
+    tmp_path, monkeypatch, row_group
+):
+    # Sentinel rows lack most statistics, and custom ones, which the recorded steps' rows have:
+    # segments differ in columns. Compaction writes row groups of row_group rows at most.
+    import pyarrow.parquet as pq
+
+    from layerscope.store import _writer
+
+    monkeypatch.setattr(_writer, "COMPACTED_ROW_GROUP", row_group)
+    store = ParquetStore(tmp_path / "r", flush_steps=1, flush_seconds=60)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    schedule = layerscope.Schedule(start=0, dense=0, every=3, sentinel=True)
+    with layerscope.watch(
+        model, optimizer=optimizer, every=schedule, run=store, stats=CUSTOM
+    ) as scope:
+        for _ in range(8):
+            model(torch.randn(2, 6)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        # Steps 0, 3 and 6 are recorded; the sentinel's rows of step 7 make a segment alone.
+        scope.flush()
+        before = layerscope.load(tmp_path / "r").stats
+        segments = (tmp_path / "r" / "stats").iterdir()
+        assert len({tuple(pq.read_schema(path).names) for path in segments}) > 1
+    after = layerscope.load(tmp_path / "r").stats
+    stats_files = list((tmp_path / "r" / "stats").iterdir())
+    assert len(stats_files) == 1
+    key = ["step", "sentinel", "module", "kind", "tensor", "call"]
+    before = before.sort_values(key, ignore_index=True)
+    after = after.sort_values(key, ignore_index=True)
+    assert before.sentinel.any()
+    assert not before.sentinel.all()
+    _assert_frames_equal(before, after)
+    metadata = pq.ParquetFile(stats_files[0]).metadata
+    sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    assert sum(sizes) == len(after)
+    if row_group > len(after):
+        assert sizes == [len(after)]
+    else:
+        assert len(sizes) > 1
+        assert min(sizes[:-1]) >= row_group
+
+
 def test_a_crash_between_compaction_and_cleanup_shows_no_row_twice(tmp_path):
     store = ParquetStore(tmp_path / "r", flush_steps=1)
     _train(_model(), steps=4, run=store)
@@ -217,10 +263,10 @@ def test_a_full_disk_warns_once_counts_dropped_rows_and_training_goes_on(tmp_pat
     reference = copy.deepcopy(model)
     original = ParquetStore._write_table
 
-    def no_space(self, relative, data):
+    def no_space(self, relative, *args):
         if relative.startswith("stats/seg-"):
             raise OSError(errno.ENOSPC, "No space left on device")
-        return original(self, relative, data)
+        return original(self, relative, *args)
 
     monkeypatch.setattr(ParquetStore, "_write_table", no_space)
     with warnings.catch_warnings(record=True) as caught:

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from layerscope._modules import CallEvent
 from layerscope._table import Chunk, Identities
+from layerscope.store._arrays import float_lists, floats, numeric, strings
 
 # The statistics that are counts; the others are float64.
 _COUNT_STATS = frozenset(("numel", "nan_count", "inf_count"))
@@ -44,20 +45,20 @@ def stats_table(chunk: Chunk) -> pa.Table:
     """
     lookup = _identity_lookup(chunk.identities)
     identity, form = chunk.identity.numpy(), chunk.form.numpy()
-    arrays: dict[str, pa.Array] = {"step": pa.array(chunk.step.numpy(), type=pa.int64())}
+    arrays: dict[str, pa.Array] = {"step": numeric(chunk.step.numpy(), pa.int64())}
     for name in ("phase", "rank", "module", "module_type", "kind", "tensor", "call"):
         if name == "rank":
-            arrays[name] = pa.array(np.full(len(chunk), chunk.rank, dtype=np.int32))
+            arrays[name] = numeric(np.full(len(chunk), chunk.rank), pa.int32())
         elif name == "call":
-            arrays[name] = pa.array(lookup.calls[identity], type=pa.int32())
+            arrays[name] = numeric(lookup.calls[identity], pa.int32())
         else:
             arrays[name] = lookup.column(name, identity)
-    arrays["sentinel"] = pa.array(np.full(len(chunk), chunk.sentinel))
+    arrays["sentinel"] = numeric(np.full(len(chunk), chunk.sentinel), pa.bool_())
     arrays["dtype"] = lookup.column("dtype", form)
     arrays["shape"] = lookup.shape_column(form)
     for name, column in chunk.stats.items():
         kind = pa.int64() if name in _COUNT_STATS else pa.float64()
-        arrays[name] = pa.array(column.numpy(), type=kind)
+        arrays[name] = numeric(column.numpy(), kind)
     for name, values in chunk.custom.items():
         arrays[name] = _custom_array(values)
     if chunk.hist is not None:
@@ -94,19 +95,19 @@ class _Lookup:
         np.cumsum(ranks, out=offsets[1:])
         positions = np.repeat(self._starts[forms] - offsets[:-1], ranks)
         positions += np.arange(len(positions))
-        dims = pa.array(self._dims[positions], type=pa.int64())
-        return pa.ListArray.from_arrays(pa.array(offsets), dims)
+        dims = numeric(self._dims[positions], pa.int64())
+        return pa.ListArray.from_arrays(numeric(offsets, pa.int32()), dims)
 
     def column(self, name: str, codes: np.ndarray) -> pa.DictionaryArray:
         index, dictionary = self._columns[name]
-        return pa.DictionaryArray.from_arrays(pa.array(index[codes]), dictionary)
+        return pa.DictionaryArray.from_arrays(numeric(index[codes], pa.int32()), dictionary)
 
 
 def _encode(values: list[str]) -> tuple[np.ndarray, pa.Array]:
     """Each value's index into the distinct values, and those values."""
     distinct: dict[str, int] = {}
     index = np.array([distinct.setdefault(value, len(distinct)) for value in values], np.int32)
-    return index, pa.array(list(distinct), type=pa.string())
+    return index, strings(list(distinct))
 
 
 def _identity_lookup(identities: Identities) -> _Lookup:
@@ -123,8 +124,8 @@ def _identity_lookup(identities: Identities) -> _Lookup:
 
 def _custom_array(values: Sequence[Any]) -> pa.Array:
     if any(isinstance(value, list) for value in values):
-        return pa.array(values, type=pa.list_(pa.float64()))
-    return pa.array(values, type=pa.float64())
+        return float_lists(values)
+    return floats(values)
 
 
 def _trimmed_histogram(counts: np.ndarray, valid: np.ndarray) -> tuple[pa.Array, pa.Array]:
@@ -149,9 +150,10 @@ def _trimmed_histogram(counts: np.ndarray, valid: np.ndarray) -> tuple[pa.Array,
     # Flat position of each kept slot: its place in the output plus its row's shift.
     positions = np.repeat(index * slots + lo - offsets[:-1], lengths)
     positions += np.arange(len(positions))
-    values = pa.array(counts.reshape(-1)[positions].astype(np.int64), type=pa.int64())
-    hist = pa.ListArray.from_arrays(pa.array(offsets), values, mask=pa.array(~valid))
-    return pa.array(lo.astype(np.int16), type=pa.int16(), mask=~valid), hist
+    values = numeric(counts.reshape(-1)[positions], pa.int64())
+    offsets_array = numeric(offsets, pa.int32())
+    hist = pa.ListArray.from_arrays(offsets_array, values, mask=numeric(~valid, pa.bool_()))
+    return numeric(lo, pa.int16(), valid), hist
 
 
 def _zero_bits_table() -> tuple[np.ndarray, np.ndarray]:
@@ -187,17 +189,16 @@ def widen_histograms(frame: Any, slots: int) -> None:
 def scalars_table(rows: list[tuple[int, str, float]]) -> pa.Table:
     """Scalars as an Arrow table."""
     steps, names, values = zip(*rows, strict=True) if rows else ((), (), ())
-    return pa.table([list(steps), list(names), list(values)], schema=SCALARS_SCHEMA)
+    columns = [numeric(np.array(steps), pa.int64()), strings(names), floats(values)]
+    return pa.table(columns, schema=SCALARS_SCHEMA)
 
 
 def calls_table(calls: list[CallEvent]) -> pa.Table:
     """The call order as an Arrow table."""
-    return pa.table(
-        [
-            [c.seq for c in calls],
-            [c.event for c in calls],
-            [c.module for c in calls],
-            [c.call for c in calls],
-        ],
-        schema=CALLS_SCHEMA,
-    )
+    columns = [
+        numeric(np.array([c.seq for c in calls]), pa.int64()),
+        strings([c.event for c in calls]),
+        strings([c.module for c in calls]),
+        numeric(np.array([c.call for c in calls]), pa.int32()),
+    ]
+    return pa.table(columns, schema=CALLS_SCHEMA)

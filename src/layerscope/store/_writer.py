@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -34,6 +35,8 @@ from layerscope.store._layout import (
 # Columns whose min and max let a query skip row groups: the stats table's keys, and the
 # scalars' and calls' own.
 _KEY_COLUMNS = frozenset((*KEY_COLUMNS, "name", "seq"))
+# Rows of a row group of a compacted file: compaction holds about this many rows at once.
+COMPACTED_ROW_GROUP = 1 << 15
 
 
 class ParquetStore:
@@ -263,7 +266,11 @@ class ParquetStore:
     # ------------------------------------------------------------------ files
 
     def _compact(self, table: str) -> None:
-        """Merge a table's files into one; the segments go only once the merged file is in."""
+        """Merge a table's files into one; the segments go only once the merged file is in.
+
+        Segments are read and written a few at a time, so that closing a long run does not
+        hold all of it in memory at once.
+        """
         pyarrow = require("pyarrow", "dataframe")
         parquet = require("pyarrow.parquet", "dataframe")
         names = files_to_read(self._list(table))
@@ -271,32 +278,58 @@ class ParquetStore:
             return
         spans = [segment_range(name) for name in names]
         first, last = spans[0][0], spans[-1][1]  # type: ignore[index]  # files_to_read keeps table files only
-        pieces = []
-        for name in names:
-            with self._fs.open(self._join(f"{table}/{name}"), "rb") as file:
-                pieces.append(parquet.read_table(file))
-        merged = pyarrow.concat_tables(pieces, promote_options="permissive")
-        self._write_table(f"{table}/{compacted_name(first, last)}", merged)
-        for name in names:
-            self._fs.rm(self._join(f"{table}/{name}"))
+        paths = [self._join(f"{table}/{name}") for name in names]
+        # ParquetFile, not read_table: that imports pyarrow.dataset, and with it pandas.
+        schemas = []
+        for path in paths:
+            with self._fs.open(path, "rb") as file:
+                schemas.append(parquet.ParquetFile(file).schema_arrow)
+        schema = pyarrow.unify_schemas(schemas, promote_options="permissive")
 
-    def _write_table(self, relative: str, data: Any) -> None:
+        def pieces() -> Iterator[Any]:
+            for path in paths:
+                with self._fs.open(path, "rb") as file:
+                    yield _conform(parquet.ParquetFile(file).read(use_threads=False), schema)
+
+        self._write_table(f"{table}/{compacted_name(first, last)}", pieces(), schema)
+        for path in paths:
+            self._fs.rm(path)
+
+    def _write_table(self, relative: str, data: Any, schema: Any = None) -> None:
+        """Write a table, or an iterable of tables of ``schema``, as one Parquet file.
+
+        Tables of an iterable are gathered into row groups of ``COMPACTED_ROW_GROUP`` rows.
+        """
+        pyarrow = require("pyarrow", "dataframe")
         parquet = require("pyarrow.parquet", "dataframe")
         metadata = {b"layerscope.schema": str(SCHEMA_VERSION).encode()}
-        data = data.replace_schema_metadata({**(data.schema.metadata or {}), **metadata})
-        strings = [f.name for f in data.schema if _is_string(f.type)]
-        self._atomic(
-            relative,
-            lambda file: parquet.write_table(
-                data,
+        if schema is None:
+            schema, data = data.schema, [data]
+        schema = schema.with_metadata({**(schema.metadata or {}), **metadata})
+        strings = [f.name for f in schema if _is_string(f.type)]
+
+        def write(file: Any) -> None:
+            with parquet.ParquetWriter(
                 file,
+                schema,
                 compression="lz4",
                 use_dictionary=strings or False,
                 # Min and max help queries skip row groups by key; on statistics and
                 # histograms they only cost time.
-                write_statistics=[name for name in data.column_names if name in _KEY_COLUMNS],
-            ),
-        )
+                write_statistics=[f.name for f in schema if f.name in _KEY_COLUMNS],
+            ) as writer:
+                waiting: list[Any] = []
+                for piece in data:
+                    waiting.append(piece.replace_schema_metadata(schema.metadata))
+                    if sum(t.num_rows for t in waiting) >= COMPACTED_ROW_GROUP:
+                        writer.write_table(pyarrow.concat_tables(waiting))
+                        waiting = []
+                if waiting:
+                    writer.write_table(pyarrow.concat_tables(waiting))
+            # Arrow's allocator keeps freed memory for reuse: give it back, a flush is rare.
+            pyarrow.default_memory_pool().release_unused()
+
+        self._atomic(relative, write)
 
     def _write_meta(self) -> None:
         self._write_bytes(RUN_FILE, json.dumps(self._meta, indent=1, default=str).encode())
@@ -326,6 +359,19 @@ class ParquetStore:
 
     def _join(self, relative: str) -> str:
         return f"{self._root.rstrip('/')}/{relative}"
+
+
+def _conform(table: Any, schema: Any) -> Any:
+    """``table`` with the columns of ``schema``, in its order: missing ones null, types cast."""
+    pyarrow = require("pyarrow", "dataframe")
+    columns = []
+    for field in schema:
+        if field.name not in table.column_names:
+            columns.append(pyarrow.nulls(table.num_rows, field.type))
+            continue
+        column = table.column(field.name)
+        columns.append(column if column.type == field.type else column.cast(field.type))
+    return pyarrow.Table.from_arrays(columns, schema=schema)
 
 
 def _is_string(kind: Any) -> bool:
