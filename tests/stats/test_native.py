@@ -81,11 +81,9 @@ def test_large_tensors_match_float64_numpy(n, kind, dtype):
     check_stats(row_stats(finalize(row[None]), 0), reference_stats(a))
 
 
-@pytest.mark.parametrize("tail", [0, 1, 63, 64, 65, 1000])
-def test_blocks_of_every_exponent_span_count_exactly(tail):
-    # Blocks spanning up to 32 exponents are counted by compares where the CPU has AVX-512,
-    # wider ones one value at a time: block k spans k exponents, around 2**(k - 20), with
-    # zeros, subnormals, Inf and NaN in some blocks, and a short block at the end.
+def _blocks_of_every_span(tail: int) -> np.ndarray:
+    """Block k spans k exponents, around 2**(k - 20), with zeros, subnormals, Inf and NaN in
+    some blocks, and a short block at the end."""
     rng = np.random.default_rng(tail)
     blocks = []
     for span in range(1, 41):
@@ -94,12 +92,51 @@ def test_blocks_of_every_exponent_span_count_exactly(tail):
         if span % 3 == 0:
             block[rng.integers(0, 1024, 5)] = [0.0, -0.0, 1e-42, math.inf, math.nan]
         blocks.append(block)
-    a = np.concatenate([*blocks, rng.standard_normal(tail)]).astype(np.float32)
-    row, hist = tensor_partials(torch.from_numpy(a), Log2Histogram())
-    np.testing.assert_array_equal(hist.numpy(), log2_reference(a.astype(np.float64)))
+    return np.concatenate([*blocks, rng.standard_normal(tail)]).astype(np.float32)
+
+
+def _check_partials(a: np.ndarray, row: np.ndarray, hist: np.ndarray) -> None:
+    np.testing.assert_array_equal(hist, log2_reference(a.astype(np.float64)))
     want = reference_row(a.astype(np.float64))
     for field in EXACT_FIELDS:
-        assert row[field].item() == want[field], field.name
+        assert row[field] == want[field], field.name
+
+
+@pytest.mark.parametrize("tail", [0, 1, 31, 32, 33, 63, 64, 65, 1000])
+def test_blocks_of_every_exponent_span_count_exactly(tail):
+    # Blocks spanning up to 32 exponents are counted by byte compares where the CPU has AVX2 or
+    # AVX-512, wider ones one value at a time.
+    a = _blocks_of_every_span(tail)
+    row, hist = tensor_partials(torch.from_numpy(a), Log2Histogram())
+    _check_partials(a, row.numpy(), hist.numpy())
+
+
+_ISA_PROBE = """
+import sys, numpy as np, torch
+from layerscope.stats import _native, tensor_partials, Log2Histogram
+assert _native.library() is not None
+a = np.load(sys.argv[1])
+row, hist = tensor_partials(torch.from_numpy(a), Log2Histogram())
+np.save(sys.argv[2], row.numpy()); np.save(sys.argv[3], hist.numpy())
+"""
+
+
+@pytest.mark.parametrize("flags", ["-mno-avx512f", "-mno-avx2 -mno-avx512f"])
+def test_each_instruction_set_counts_the_same(tmp_path, flags):
+    # The AVX-512, AVX2 and scalar histograms, built as a CPU without the others would get them.
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    a = _blocks_of_every_span(65)
+    np.save(tmp_path / "a.npy", a)
+    outputs = [str(tmp_path / name) for name in ("row.npy", "hist.npy")]
+    env = {**os.environ, "LAYERSCOPE_CACHE": str(tmp_path / "cache"), "CC": f"{compiler} {flags}"}
+    done = subprocess.run(
+        [sys.executable, "-c", _ISA_PROBE, str(tmp_path / "a.npy"), *outputs],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    _check_partials(a, np.load(outputs[0]), np.load(outputs[1]))
 
 
 @pytest.mark.parametrize("n", [PARALLEL_MIN, 1_000_003])

@@ -2,9 +2,10 @@
  *
  * layerscope builds this file with the system's C compiler the first time it needs it and
  * loads it with ctypes (see _native.py). It computes exactly what _partials.py computes with
- * torch ops, the row of Field values and the log2 histogram, but reads each value once: the
- * data is cut into blocks that stay in L1 cache, and each block is read by a vectorised pass
- * of counts and extremes, a float64 pass of sums, and a scalar pass of histogram counts.
+ * torch ops, the row of Field values and the log2 histogram, but reads memory once: the data
+ * is cut into blocks that stay in L1 cache, and each block is read by a vectorised pass of
+ * counts and extremes, a float64 pass of sums, and a pass of histogram counts (vectorised
+ * with AVX2 or AVX-512 where the block spans few exponents, the usual case).
  * Threads (OpenMP, the runtime torch itself uses) take contiguous runs of blocks, and their
  * results are merged in thread order, so a result never depends on timing.
  */
@@ -16,7 +17,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(__AVX2__) || (defined(__AVX512F__) && defined(__AVX512BW__))
 #include <immintrin.h>
 #endif
 
@@ -98,55 +99,121 @@ static void block_histogram_scalar(const float* x, int64_t n, uint32_t (*tables)
     for (; i < n; i++) tables[0][(bits[i] >> 23) & 0xff]++;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
 /* A block's values span few exponents: in the models measured, 12 to 16 of the 254 normal
- * ones, at most 34. Counting each exponent present with byte compares, 64 values a compare,
- * then beats a table increment per value, which is bound by stores. Wider blocks go scalar. */
+ * ones, at most 34. Counting each exponent present with byte compares, 32 or 64 values a
+ * compare, then beats a table increment per value, which is bound by stores. Blocks spanning
+ * more than VECTOR_SPAN exponents go scalar. Each instruction set gives three pieces: a
+ * vector of exponent bytes, extraction of a block's exponents, and a count of one of them. */
 #define VECTOR_SPAN 32
 
-static inline int min_byte(__m512i v) {
-    __m256i a = _mm256_min_epu8(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
-    __m128i b = _mm_min_epu8(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-    __m128i c = _mm_min_epu16(_mm_cvtepu8_epi16(b), _mm_cvtepu8_epi16(_mm_srli_si128(b, 8)));
-    return _mm_extract_epi16(_mm_minpos_epu16(c), 0);
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define VECTOR_HISTOGRAM
+#define LANES 64
+typedef __m512i bytes_t;
+#define BYTES_ALL(v) _mm512_set1_epi8((char)(v))
+#define BYTES_MIN _mm512_min_epu8
+#define BYTES_MAX _mm512_max_epu8
+#define BYTES_ADD _mm512_add_epi8
+#define BYTES_SUB _mm512_sub_epi8
+
+static inline __m128i bytes_fold(bytes_t v, __m128i (*fold)(__m128i, __m128i)) {
+    __m256i a = _mm512_castsi512_si256(v), b = _mm512_extracti64x4_epi64(v, 1);
+    __m128i c = fold(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    return fold(c, fold(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
 }
 
-static inline int max_byte(__m512i v) { return 255 - min_byte(_mm512_xor_si512(v, _mm512_set1_epi8(-1))); }
+/* The exponent bytes of values x[0..64), in order; the shift leaves the sign in bit 8, which
+ * the narrowing drops. */
+static inline bytes_t exponent_bytes(const float* x) {
+    __m128i q[4];
+    for (int k = 0; k < 4; k++)
+        q[k] = _mm512_cvtepi32_epi8(_mm512_srli_epi32(_mm512_loadu_si512(x + 16 * k), 23));
+    __m512i e = _mm512_inserti32x4(_mm512_castsi128_si512(q[0]), q[1], 1);
+    return _mm512_inserti32x4(_mm512_inserti32x4(e, q[2], 2), q[3], 3);
+}
 
-/* Counts of exponent e among the first `full` bytes of ex (a multiple of 64, at most BLOCK):
- * each byte lane counts at most BLOCK / 64 = 16 matches, then the lanes are summed. */
+/* How many of the first `full` bytes of ex equal e: each lane counts at most BLOCK / 64. */
 static inline uint32_t count_byte(const uint8_t* ex, int64_t full, int e) {
-    const __m512i key = _mm512_set1_epi8((char)e), one = _mm512_set1_epi8(1);
+    const __m512i key = BYTES_ALL(e), one = BYTES_ALL(1);
     __m512i counts = _mm512_setzero_si512();
-    for (int64_t j = 0; j < full; j += 64) {
+    for (int64_t j = 0; j < full; j += LANES) {
         __mmask64 equal = _mm512_cmpeq_epi8_mask(_mm512_loadu_si512(ex + j), key);
         counts = _mm512_mask_add_epi8(counts, equal, counts, one);
     }
     return (uint32_t)_mm512_reduce_add_epi64(_mm512_sad_epu8(counts, _mm512_setzero_si512()));
+}
+#define BYTES_STORE(p, v) _mm512_storeu_si512((p), (v))
+
+#elif defined(__AVX2__)
+#define VECTOR_HISTOGRAM
+#define LANES 32
+typedef __m256i bytes_t;
+#define BYTES_ALL(v) _mm256_set1_epi8((char)(v))
+#define BYTES_MIN _mm256_min_epu8
+#define BYTES_MAX _mm256_max_epu8
+#define BYTES_ADD _mm256_add_epi8
+#define BYTES_SUB _mm256_sub_epi8
+
+static inline __m128i bytes_fold(bytes_t v, __m128i (*fold)(__m128i, __m128i)) {
+    return fold(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+}
+
+/* The exponent bytes of values x[0..32), in some order: the packs interleave 128-bit lanes,
+ * which a count does not mind. */
+static inline bytes_t exponent_bytes(const float* x) {
+    const __m256i low_byte = _mm256_set1_epi32(0xff);
+    __m256i e[4];
+    for (int k = 0; k < 4; k++)
+        e[k] = _mm256_and_si256(_mm256_srli_epi32(_mm256_loadu_si256((const __m256i*)(x + 8 * k)), 23), low_byte);
+    return _mm256_packus_epi16(_mm256_packus_epi32(e[0], e[1]), _mm256_packus_epi32(e[2], e[3]));
+}
+
+/* How many of the first `full` bytes of ex equal e: each lane counts at most BLOCK / 32. */
+static inline uint32_t count_byte(const uint8_t* ex, int64_t full, int e) {
+    const __m256i key = BYTES_ALL(e);
+    __m256i counts = _mm256_setzero_si256();
+    for (int64_t j = 0; j < full; j += LANES)  /* a match is -1: subtracting it counts one */
+        counts = _mm256_sub_epi8(counts, _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i*)(ex + j)), key));
+    __m256i sums = _mm256_sad_epu8(counts, _mm256_setzero_si256());
+    __m128i half = _mm_add_epi64(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+    return (uint32_t)(_mm_cvtsi128_si64(half) + _mm_extract_epi64(half, 1));
+}
+#define BYTES_STORE(p, v) _mm256_storeu_si256((__m256i*)(p), (v))
+#endif
+
+#ifdef VECTOR_HISTOGRAM
+static __m128i min_epu8(__m128i a, __m128i b) { return _mm_min_epu8(a, b); }
+static __m128i max_epu8(__m128i a, __m128i b) { return _mm_max_epu8(a, b); }
+
+/* The smallest byte of 16. */
+static inline int min_of(__m128i b) {
+    __m128i c = _mm_min_epu16(_mm_cvtepu8_epi16(b), _mm_cvtepu8_epi16(_mm_srli_si128(b, 8)));
+    return _mm_extract_epi16(_mm_minpos_epu16(c), 0);
+}
+
+static inline int min_byte(bytes_t v) { return min_of(bytes_fold(v, min_epu8)); }
+static inline int max_byte(bytes_t v) {
+    return 255 - min_of(_mm_xor_si128(bytes_fold(v, max_epu8), _mm_set1_epi8(-1)));
 }
 
 /* Histogram counts of one block into table by exponent compares; 0 if its span is too wide
  * (nothing is counted then), else 1. */
 static int block_histogram_vector(const float* x, int64_t n, uint32_t* table) {
     uint8_t ex[BLOCK];
-    int64_t full = n & ~(int64_t)63;
-    const __m512i one = _mm512_set1_epi8(1);
-    __m512i low = _mm512_set1_epi8(-1), high = _mm512_setzero_si512();
-    __m512i normal_low = low, normal_high = high;
-    for (int64_t i = 0; i < full; i += 64) {
-        __m128i q[4];  /* the exponent bytes of 16 values: the shift leaves the sign in bit 8 */
-        for (int k = 0; k < 4; k++)
-            q[k] = _mm512_cvtepi32_epi8(_mm512_srli_epi32(_mm512_loadu_si512(x + i + 16 * k), 23));
-        __m512i e = _mm512_inserti32x4(_mm512_castsi128_si512(q[0]), q[1], 1);
-        e = _mm512_inserti32x4(_mm512_inserti32x4(e, q[2], 2), q[3], 3);
-        _mm512_storeu_si512(ex + i, e);
-        low = _mm512_min_epu8(low, e);
-        high = _mm512_max_epu8(high, e);
-        /* minus and plus one wrap 0 and 255 past the normal exponents, 1 to 254 */
-        normal_low = _mm512_min_epu8(normal_low, _mm512_sub_epi8(e, one));
-        normal_high = _mm512_max_epu8(normal_high, _mm512_add_epi8(e, one));
-    }
+    int64_t full = n & ~(int64_t)(LANES - 1);
     if (full == 0) return 0;
+    const bytes_t one = BYTES_ALL(1);
+    bytes_t low = BYTES_ALL(255), high = BYTES_ALL(0);
+    bytes_t normal_low = low, normal_high = high;
+    for (int64_t i = 0; i < full; i += LANES) {
+        bytes_t e = exponent_bytes(x + i);
+        BYTES_STORE(ex + i, e);
+        low = BYTES_MIN(low, e);
+        high = BYTES_MAX(high, e);
+        /* minus and plus one wrap 0 and 255 past the normal exponents, 1 to 254 */
+        normal_low = BYTES_MIN(normal_low, BYTES_SUB(e, one));
+        normal_high = BYTES_MAX(normal_high, BYTES_ADD(e, one));
+    }
     int first = min_byte(normal_low) + 1, last = max_byte(normal_high) - 1;
     int zero = min_byte(low) == 0, special = max_byte(high) == 255;
     int span = (first <= last ? last - first + 1 : 0) + zero + special;
@@ -162,7 +229,7 @@ static int block_histogram_vector(const float* x, int64_t n, uint32_t* table) {
 
 /* Histogram counts of one block into the chunk's tables. */
 static void block_histogram(const float* x, int64_t n, uint32_t (*tables)[SLOTS]) {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#ifdef VECTOR_HISTOGRAM
     if (block_histogram_vector(x, n, tables[0])) return;
 #endif
     block_histogram_scalar(x, n, tables);
