@@ -1,7 +1,8 @@
 """Step-time overhead of layerscope and its peers, as a ratio to the unwatched step, in one process.
 
-Every configuration trains its own copy of the model; rounds interleave the configurations,
-in a new order each round. Within a round, each configuration's mean step time is divided by
+Every configuration trains a fresh copy of the model in each round (where a copy's memory lies
+makes it faster or slower for as long as it lives); rounds interleave the configurations, in a
+new order each round. Within a round, each configuration's mean step time is divided by
 the mean of two unwatched copies' (a shared machine's speed drifts between rounds, not within
 one); the figure is the median of these ratios over rounds. The second unwatched copy against
 the first is the noise floor. Peers that are not installed are skipped.
@@ -134,27 +135,31 @@ BLOCK_SECONDS = 0.25
 def measure(workload: Workload, rounds: int, steps: int) -> tuple[dict[str, float], list[str]]:
     torch.manual_seed(0)
     model = workload.make_model()
-    trainers, skipped = {}, []
+    starts, skipped = {}, []
     for name, start in CONFIGS.items():
         try:
-            trainers[name] = Trainer(workload, copy.deepcopy(model), start)
+            Trainer(workload, copy.deepcopy(model), start).close()
+            starts[name] = start
         except ImportError as error:
             skipped.append(f"{name}: not installed ({error.name})")
-    for trainer in trainers.values():
-        trainer.steps(1)  # warm up allocator, dispatcher and the peers' first-call work
     # Blocks of at least BLOCK_SECONDS of unwatched training, so that a short step's block
     # is not at the mercy of one interruption.
-    step_time = trainers["unwatched"].steps(3)
+    probe = Trainer(workload, copy.deepcopy(model), None)
+    probe.steps(1)
+    step_time = probe.steps(3)
     steps = max(steps, math.ceil(BLOCK_SECONDS / step_time))
-    times: dict[str, list[float]] = {name: [] for name in trainers}
-    order = list(trainers)
+    times: dict[str, list[float]] = {name: [] for name in starts}
+    order = list(starts)
     shuffle = random.Random(0)
     for _ in range(rounds):
         shuffle.shuffle(order)  # no configuration always follows the same one
         for name in order:
-            times[name].append(trainers[name].steps(steps))
-    for trainer in trainers.values():
-        trainer.close()
+            # A fresh copy every round: where a copy's memory lies makes it faster or slower
+            # by up to 10% for as long as it lives, and that must not follow a configuration.
+            trainer = Trainer(workload, copy.deepcopy(model), starts[name])
+            trainer.steps(1)  # warm up allocator, dispatcher and the peers' first-call work
+            times[name].append(trainer.steps(steps))
+            trainer.close()
     # Ratios are taken within each round, to the mean of the two unwatched copies, and their
     # median is reported: the machine's speed drifts (on a shared host by 2x over a minute),
     # and a ratio within one round sees one speed. Returned as times: median ratio x median
