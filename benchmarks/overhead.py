@@ -129,7 +129,7 @@ class Trainer:
                 self.session.close()
 
 
-BLOCK_SECONDS = 0.25
+BLOCK_SECONDS = 0.4
 
 
 def measure(workload: Workload, rounds: int, steps: int) -> tuple[dict[str, float], list[str]]:

@@ -36,7 +36,7 @@ from layerscope.store._layout import (
 # scalars' and calls' own.
 _KEY_COLUMNS = frozenset((*KEY_COLUMNS, "name", "seq"))
 # Rows of a row group of a compacted file: compaction holds about this many rows at once.
-COMPACTED_ROW_GROUP = 1 << 15
+COMPACTED_ROW_GROUP = 1 << 16
 
 
 class ParquetStore:
@@ -326,8 +326,6 @@ class ParquetStore:
                         waiting = []
                 if waiting:
                     writer.write_table(pyarrow.concat_tables(waiting))
-            # Arrow's allocator keeps freed memory for reuse: give it back, a flush is rare.
-            pyarrow.default_memory_pool().release_unused()
 
         self._atomic(relative, write)
 
