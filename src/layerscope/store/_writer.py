@@ -35,8 +35,10 @@ from layerscope.store._layout import (
 # Columns whose min and max let a query skip row groups: the stats table's keys, and the
 # scalars' and calls' own.
 _KEY_COLUMNS = frozenset((*KEY_COLUMNS, "name", "seq"))
-# Rows of a row group of a compacted file: compaction holds about this many rows at once.
-COMPACTED_ROW_GROUP = 1 << 16
+# Rows of a row group of a compacted file: compaction holds about this many rows at once
+# (1.5 KB each while it does, about 12 MB). A query of one module's series out of 10 million
+# rows takes 65 ms with them, 55 ms with groups of 65,536 rows.
+COMPACTED_ROW_GROUP = 1 << 13
 
 
 class ParquetStore:
