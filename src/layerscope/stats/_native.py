@@ -32,7 +32,7 @@ from layerscope.stats._layout import WIDTH
 
 SOURCE = Path(__file__).with_name("_native.c")
 _ABI = 100 * WIDTH + 1  # the C file's ABI: its row width and a version
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's codes of the dtypes it reads
 _HIST_OFFSET = WIDTH * 8  # bytes from a row's start to its histogram
 # From most to least capable; OpenMP is left out where the compiler has none (Apple's clang).
 # On x86, 512-bit vectors where the CPU has them: about 10% faster than gcc's default 256.
@@ -73,7 +73,7 @@ def library() -> ctypes.CDLL | None:
 
 def supports(x: Tensor) -> bool:
     """Whether the kernel reads ``x``: a non-empty float32 or bfloat16 tensor on the CPU."""
-    return x.device.type == "cpu" and x.dtype in _DTYPES and x.numel() > 0
+    return x.device.type == "cpu" and x.dtype in DTYPES and x.numel() > 0
 
 
 def owns_memory(x: Tensor) -> bool:
@@ -98,7 +98,7 @@ def partials_into(x: Tensor, rows: Tensor, index: int, with_histogram: bool) -> 
         x = x.detach().resolve_neg().contiguous()
     row = rows.data_ptr() + index * rows.stride(0) * rows.element_size()
     status = lib.layerscope_partials(
-        x.data_ptr(), x.numel(), _DTYPES[x.dtype], row,
+        x.data_ptr(), x.numel(), DTYPES[x.dtype], row,
         row + _HIST_OFFSET if with_histogram else None, torch.get_num_threads(),
     )  # fmt: skip
     if status != 0:

@@ -78,7 +78,7 @@ def write_partials(x: Tensor, histogram: HistogramSpec | None, rows: Tensor, ind
     kernel writes there directly, with nothing allocated.
     """
     if x.is_floating_point() and _native_reads(x, histogram):
-        _native.partials_into(_native_input(x.detach()), rows, index, histogram is not None)
+        _native.partials_into(_native_input(x), rows, index, histogram is not None)
         return
     row, hist = tensor_partials(x, histogram)
     rows[index, :WIDTH] = row
@@ -102,9 +102,9 @@ def _native_reads(flat: Tensor, histogram: HistogramSpec | None) -> bool:
     )
 
 
-def _native_input(flat: Tensor) -> Tensor:
+def _native_input(x: Tensor) -> Tensor:
     """float32 and bfloat16 as they are; float16 (and float8) widened to float32 first."""
-    return flat if _native.supports(flat) else flat.float()
+    return x if x.dtype in _native.DTYPES else x.detach().float()
 
 
 def _float32_partials(x: Tensor) -> Tensor:
