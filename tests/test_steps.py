@@ -241,9 +241,13 @@ def test_many_forward_passes_in_one_step_flush_early_and_merge_the_same(
     assert whole_scalars.values.tolist() == piece_scalars.values.tolist()
 
 
-def test_the_writer_finalises_once_per_flush_not_once_per_step(monkeypatch, tmp_path):
+@pytest.mark.parametrize("waiting_readings", [8192, 12])
+def test_the_writer_finalises_once_per_flush_not_once_per_step(
+    monkeypatch, tmp_path, waiting_readings
+):
     from layerscope import _pipeline
 
+    monkeypatch.setattr(_pipeline, "WAITING_READINGS", waiting_readings)
     calls = []
     finalize_merged = _pipeline.finalize_merged
     monkeypatch.setattr(
@@ -258,7 +262,10 @@ def test_the_writer_finalises_once_per_flush_not_once_per_step(monkeypatch, tmp_
             model(torch.randn(4, 3)).sum().backward()
             scope.step()
     # activation, grad, weight, bias and their grads: 6 rows a step
-    assert calls == [10 * 6, 10 * 6, 5 * 6]
+    if waiting_readings == 8192:
+        assert calls == [10 * 6, 10 * 6, 5 * 6]
+    else:  # two steps' readings fill the writer: it finalises them before the flush is due
+        assert calls == [2 * 6] * 12 + [6]
     assert len(layerscope.load(tmp_path / "run").stats) == 25 * 6
 
 

@@ -34,8 +34,10 @@ from layerscope._table import (
 from layerscope.sinks._base import Records, RunSummary, Sink
 from layerscope.stats import StatSelection
 
-# Batches that wait for the writer at most: a bound on the host memory they hold.
+# Batches, and readings in them, that wait for the writer at most: a bound on the host memory
+# they hold (a reading's row of partials and log2 histogram is 2 KB).
 WAITING_BATCHES = 64
+WAITING_READINGS = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +117,7 @@ class Pipeline:
         last_flush = time.monotonic()
         steps_since_flush = 0  # recorded steps, processed or waiting in ``waiting``
         waiting: list[Batch] = []
+        waiting_readings = 0
         while True:
             wait = self._flush_seconds - (time.monotonic() - last_flush)
             try:
@@ -127,14 +130,15 @@ class Pipeline:
                 due = item is None or time.monotonic() - last_flush >= self._flush_seconds
                 if isinstance(item, Batch):
                     waiting.append(item)
+                    waiting_readings += len(item.readings) + len(item.extremes)
                     steps_since_flush += item.final
                     due = due or steps_since_flush >= self._flush_steps
                 elif isinstance(item, Records):
                     self._guarded("writing", self.sink.write, item)
-                full = len(waiting) >= WAITING_BATCHES
+                full = len(waiting) >= WAITING_BATCHES or waiting_readings >= WAITING_READINGS
                 if waiting and (due or full or isinstance(item, _Flush | _Stop)):
                     self._guarded("finalising a flush", self._process, waiting)
-                    waiting = []
+                    waiting, waiting_readings = [], 0
                 if isinstance(item, _Stop):
                     self._guarded("flushing", self.sink.flush)
                     summary = item.make_summary(
