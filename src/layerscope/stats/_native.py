@@ -1,11 +1,11 @@
 """The CPU statistics kernel in C: built with the system's compiler on first use, then cached.
 
 On the CPU, one pass of ``_native.c`` over a float32 tensor's memory computes its partials and
-log2 histogram 6 to 9 times faster than the compiled torch kernel (which spends most of its
-time on the histogram; ``benchmarks/kernel.py``), and needs neither inductor's compile time
-nor its memory. The library is built once per source, machine and flags, into
-``$LAYERSCOPE_CACHE`` (default ``~/.cache/layerscope``), and loaded with ctypes, whose calls
-release the GIL.
+log2 histogram about 12 times faster than the compiled torch kernel, which spends most of its
+time on the histogram (5 times without it; ``benchmarks/kernel.py``), and needs neither
+inductor's compile time nor its memory. The library is built once per source, machine and
+flags, into ``$LAYERSCOPE_CACHE`` (default ``~/.cache/layerscope``), and loaded with ctypes,
+whose calls release the GIL.
 
 Where there is no C compiler, or ``LAYERSCOPE_NATIVE=0``, ``library()`` is None and the torch
 kernels do the work. A compiler that fails gives one ``LayerscopeWarning``.
