@@ -71,11 +71,6 @@ def library() -> ctypes.CDLL | None:
     return _library
 
 
-def supports(x: Tensor) -> bool:
-    """Whether the kernel reads ``x``: a non-empty float32 or bfloat16 tensor on the CPU."""
-    return x.device.type == "cpu" and x.dtype in DTYPES and x.numel() > 0
-
-
 def owns_memory(x: Tensor) -> bool:
     """Whether ``x`` is a plain tensor whose values lie in its own memory.
 
@@ -88,8 +83,9 @@ def owns_memory(x: Tensor) -> bool:
 def partials_into(x: Tensor, rows: Tensor, index: int, with_histogram: bool) -> None:
     """Write the partials of ``x`` to the start of ``rows[index]``, its log2 histogram after.
 
-    ``x`` must be ``supports``-ed; ``rows`` is a contiguous float64 CPU matrix of ``WIDTH``
-    columns, or of ``WIDTH + LOG2_BINS`` with the histogram, such as the recorder's buffer.
+    ``x`` must be a non-empty float32 or bfloat16 CPU tensor (``DTYPES``); ``rows`` is a
+    contiguous float64 CPU matrix of ``WIDTH`` columns, or of ``WIDTH + LOG2_BINS`` with the
+    histogram, such as the recorder's buffer.
     This runs once per recorded tensor: it works on pointers, with no tensor views.
     """
     lib = library()

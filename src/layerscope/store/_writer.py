@@ -321,11 +321,13 @@ class ParquetStore:
                 write_statistics=[f.name for f in schema if f.name in _KEY_COLUMNS],
             ) as writer:
                 waiting: list[Any] = []
+                rows = 0
                 for piece in data:
                     waiting.append(piece.replace_schema_metadata(schema.metadata))
-                    if sum(t.num_rows for t in waiting) >= COMPACTED_ROW_GROUP:
+                    rows += piece.num_rows
+                    if rows >= COMPACTED_ROW_GROUP:
                         writer.write_table(pyarrow.concat_tables(waiting))
-                        waiting = []
+                        waiting, rows = [], 0
                 if waiting:
                     writer.write_table(pyarrow.concat_tables(waiting))
 
