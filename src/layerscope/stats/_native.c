@@ -4,7 +4,8 @@
  * loads it with ctypes (see _native.py). It computes exactly what _partials.py computes with
  * torch ops, the row of Field values and the log2 histogram, but reads memory once: the data
  * is cut into blocks that stay in L1 cache, and each block is read by a vectorised pass of
- * counts and extremes, a float64 pass of sums, and a pass of histogram counts (vectorised
+ * counts and extremes (a second, masked one only where a block holds a NaN or an infinity),
+ * a float64 pass of sums, and a pass of histogram counts (vectorised
  * with AVX2 or AVX-512 where the block spans few exponents, the usual case).
  * Threads (OpenMP, the runtime torch itself uses) take contiguous runs of blocks, and their
  * results are merged in thread order, so a result never depends on timing.
@@ -51,17 +52,32 @@ static void block_moments(const float* x, int64_t n, double shift, partials_t* p
     const uint32_t* bits = (const uint32_t*)x;
     float lo = INFINITY, hi = -INFINITY;
     int32_t zeros = 0, nans = 0, nonfinite = 0, pos = 0;
-#pragma omp simd reduction(+ : zeros, nans, nonfinite, pos) reduction(min : lo) reduction(max : hi)
+    uint32_t top = 0; /* the largest magnitude's bits: 0x7f800000 or more if one is not finite */
+    /* The usual block, all finite, needs no masking: half the work of the loop below. */
+#pragma omp simd reduction(+ : zeros, pos) reduction(min : lo) reduction(max : hi, top)
     for (int64_t i = 0; i < n; i++) {
         uint32_t magnitude = bits[i] & 0x7fffffffu;
-        int32_t finite = magnitude < 0x7f800000u;
-        float low = finite ? x[i] : INFINITY, high = finite ? x[i] : -INFINITY;
-        lo = low < lo ? low : lo;
-        hi = high > hi ? high : hi;
+        top = magnitude > top ? magnitude : top;
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
         zeros += magnitude == 0;
-        nans += magnitude > 0x7f800000u;
-        nonfinite += 1 - finite;
         pos += bits[i] - 1u < 0x7f800000u; /* sign clear, not zero, at most +inf */
+    }
+    if (top >= 0x7f800000u) { /* a NaN or an infinity: count again, leaving them out */
+        lo = INFINITY, hi = -INFINITY;
+        zeros = pos = 0;
+#pragma omp simd reduction(+ : zeros, nans, nonfinite, pos) reduction(min : lo) reduction(max : hi)
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t magnitude = bits[i] & 0x7fffffffu;
+            int32_t finite = magnitude < 0x7f800000u;
+            float low = finite ? x[i] : INFINITY, high = finite ? x[i] : -INFINITY;
+            lo = low < lo ? low : lo;
+            hi = high > hi ? high : hi;
+            zeros += magnitude == 0;
+            nans += magnitude > 0x7f800000u;
+            nonfinite += 1 - finite;
+            pos += bits[i] - 1u < 0x7f800000u;
+        }
     }
     double sum = 0.0, squares = 0.0;
     if (nonfinite == 0) {
