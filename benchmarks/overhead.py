@@ -73,8 +73,10 @@ SECOND_COPY = "unwatched, a second copy against the first (the noise floor: idea
 CONFIGS: dict[str, Callable[[torch.nn.Module, Any], Session] | None] = {
     "unwatched": None,
     SECOND_COPY: None,
-    IDLE: _layerscope(every=layerscope.Schedule(start=10**9, sentinel=False)),
-    SENTINEL: _layerscope(every=layerscope.Schedule(start=10**9, sentinel=True)),
+    # Step 0, the warm-up step, is recorded, and none after it: the unrecorded steps that
+    # follow are those of the default schedule, the first step's call-order hooks gone.
+    IDLE: _layerscope(every=layerscope.Schedule(every=10**9, sentinel=False)),
+    SENTINEL: _layerscope(every=layerscope.Schedule(every=10**9, sentinel=True)),
     FULL: _layerscope(every=1),
     "layerscope: full, every kind (adds input, update, buffer), every step": _layerscope(
         every=1, capture=[kind.value for kind in layerscope.Kind]
