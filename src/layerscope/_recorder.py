@@ -18,7 +18,8 @@ from torch import Tensor
 from layerscope._buffer import DeviceRows
 from layerscope._kinds import STATE_KINDS, Kind
 from layerscope._pipeline import Pipeline
-from layerscope._table import Batch, Extreme, Form, Identities, Identity, Reading
+from layerscope._readings import CustomRef, Readings
+from layerscope._table import Batch, Extreme, Form, Identities, Identity
 from layerscope.stats import CustomStat, HistogramSpec
 from layerscope.stats._partials import write_partials
 
@@ -56,7 +57,7 @@ class _Seen:
     version: int  # in-place changes since bump it
     buffer_id: int
     index: int
-    custom: tuple[tuple[str, int, int, bool, int], ...]
+    custom: tuple[CustomRef, ...]
 
 
 def _version(tensor: Tensor) -> int | None:
@@ -80,7 +81,7 @@ class Recorder:
         self.identities = identities
         self.pipeline = pipeline
         self.buffers: dict[torch.device, tuple[int, DeviceRows]] = {}
-        self.readings: list[Reading] = []
+        self.readings = Readings()
         self.extremes: list[Extreme] = []
         self.scalars: list[tuple[int, str, float | tuple[int, int]]] = []
         self.rows_per_flush = ROWS_PER_FLUSH
@@ -120,22 +121,17 @@ class Recorder:
                     weakref.ref(tensor), version, buffer_id, index, custom
                 )
         identity = Identity(phase, target.name, target.module_type, kind, name, call)
-        reading = Reading(
-            step,
-            self.identities.code(identity),
-            self._form_code(tensor),
-            buffer_id,
-            index,
-            kind in STATE_KINDS,
-            custom,
-        )
-        self.readings.append(reading)
+        form = self._form_code(tensor)
+        replaces = kind in STATE_KINDS
+        readings = self.readings
+        readings.add(step, self.identities.code(identity), form, buffer_id, index, replaces, custom)
         for owner in also_owned_by:  # tied: computed once, reported under every owner
             alias = identity._replace(
                 module=owner.module, module_type=owner.module_type, tensor=owner.tensor
             )
-            self.readings.append(reading._replace(identity=self.identities.code(alias)))
-        if len(self.readings) >= self.rows_per_flush:
+            code = self.identities.code(alias)
+            readings.add(step, code, form, buffer_id, index, replaces, custom)
+        if len(readings) >= self.rows_per_flush:
             self.flush(final=False)
 
     def record_extremes(
@@ -214,14 +210,12 @@ class Recorder:
             if rows.has_content()
         }
         self.pipeline.submit(Batch(self.readings, copies, self.scalars, final, self.extremes))
-        self.readings, self.scalars, self.extremes = [], [], []
+        self.readings, self.scalars, self.extremes = Readings(), [], []
         self._seen.clear()  # row indices start again in the emptied buffers
         self.partial = not final
         self.last_flush = time.monotonic()
 
-    def _custom_stats(
-        self, rows: DeviceRows, tensor: Tensor
-    ) -> tuple[tuple[str, int, int, bool, int], ...]:
+    def _custom_stats(self, rows: DeviceRows, tensor: Tensor) -> tuple[CustomRef, ...]:
         if not tensor.is_floating_point():
             return ()
         out = []

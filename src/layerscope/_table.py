@@ -24,6 +24,19 @@ from torch import Tensor
 
 from layerscope._buffer import Arrived, HostCopy
 from layerscope._kinds import Kind
+from layerscope._readings import (
+    BUFFER,
+    FIELDS,
+    FORM,
+    IDENTITY,
+    REPLACES,
+    ROW,
+    STEP,
+    CustomRef,
+    Grouping,
+    Readings,
+    group_readings,
+)
 from layerscope.stats import WIDTH, StatSelection, finalize, merge_groups
 
 KEY_COLUMNS = ("step", "phase", "rank", "module", "module_type", "kind", "tensor", "call")
@@ -108,20 +121,6 @@ class Identities:
         return self._forms.code(form)
 
 
-class Reading(NamedTuple):
-    """One recorded tensor; its partials are row ``row`` of buffer ``buffer``."""
-
-    step: int
-    identity: int
-    form: int
-    buffer: int
-    row: int
-    replaces: bool  # a parameter or buffer kind: the latest reading of a step wins
-    # (name, offset, length, is_scalar, numel) of each custom statistic in the buffer's loose
-    # values; numel weighs it when readings merge
-    custom: tuple[tuple[str, int, int, bool, int], ...] = ()
-
-
 class Extreme(NamedTuple):
     """A sentinel reading: the (min, max) pair ``pair`` of buffer ``buffer``."""
 
@@ -141,7 +140,7 @@ class Batch:
     flushes when its buffer fills) leave their merged partials to be merged with the next.
     """
 
-    readings: list[Reading]
+    readings: Readings
     copies: dict[int, HostCopy]
     scalars: list[tuple[int, str, float | tuple[int, int]]] = field(default_factory=list)
     final: bool = True
@@ -157,10 +156,10 @@ _CustomSum = tuple[Tensor | None, float, bool]
 class Merged:
     """Readings merged on the host but not finalised: one row per (step, identity)."""
 
-    keys: list[tuple[int, int]]  # (step, identity) of each row
-    forms: list[int]  # form of each row's first reading
+    keys: Tensor  # (groups, 2) int64: step and identity of each row
+    forms: Tensor  # (groups,) int64: form of each row's first reading
     rows: Tensor  # (groups, row_width) float64: merged partials, then histogram counts
-    custom: list[dict[str, _CustomSum]]
+    custom: list[dict[str, _CustomSum]] | None  # None where no reading has custom statistics
 
 
 @dataclass(slots=True)
@@ -227,77 +226,122 @@ def merge_batches(
         for step, name, value in batch.scalars
     ]
     sources = [carry.rows] if carry is not None else []
-    offsets: list[dict[int, int]] = []  # per batch: where each of its buffers' rows start
+    parts = [_carried_readings(carry)] if carry is not None else []
+    customs: list[tuple[int, Tensor, tuple[CustomRef, ...]]] = []  # reading, values, refs
     start = sources[0].shape[0] if sources else 0
-    for arrived in arrivals:
-        offsets.append({})
+    count = start  # readings so far, the carried rows first
+    for batch, arrived in zip(batches, arrivals, strict=True):
+        offsets = {}
         for buffer, (rows, _, _) in arrived.items():
-            offsets[-1][buffer] = start
+            offsets[buffer] = start
             start += rows.shape[0]
             sources.append(rows)
-    if start == 0:
+        columns = batch.readings.columns()
+        if columns.shape[0]:
+            parts.append(_global_rows(columns, offsets))
+        for index, refs in batch.readings.custom.items():
+            customs.append((count + index, arrived[int(columns[index, BUFFER])].values, refs))
+        count += columns.shape[0]
+    if count == 0:
         return None, scalars
 
-    # Each group: the rows it merges, its form and its custom statistics.
-    groups: dict[tuple[int, int], tuple[list[int], int, dict[str, _CustomSum]]] = {}
-    if carry is not None:
-        for row, (key, form, custom) in enumerate(
-            zip(carry.keys, carry.forms, carry.custom, strict=True)
-        ):
-            groups[key] = ([row], form, dict(custom))
-    for batch, arrived, offset in zip(batches, arrivals, offsets, strict=True):
-        for reading in batch.readings:
-            key = (reading.step, reading.identity)
-            row = offset[reading.buffer] + reading.row
-            custom = _custom_sums(reading, arrived) if reading.custom else {}
-            entry = groups.get(key)
-            if entry is None or reading.replaces:
-                groups[key] = ([row], reading.form if entry is None else entry[1], custom)
-                continue
-            entry[0].append(row)
-            for name, value in custom.items():
-                entry[2][name] = _add_custom(entry[2].get(name), value)
-
+    readings = parts[0] if len(parts) == 1 else torch.cat(parts)
+    grouping = group_readings(
+        (readings[:, STEP] << 32) | readings[:, IDENTITY], readings[:, REPLACES]
+    )
+    groups = grouping.first.shape[0]
+    rows, group = readings[:, ROW], grouping.group
+    if grouping.kept is not None:
+        rows, group = rows[grouping.kept], group[grouping.kept]
     all_rows = sources[0] if len(sources) == 1 else torch.cat(sources)
-    chosen = [row for rows, _, _ in groups.values() for row in rows]
-    if len(chosen) == len(groups):  # one reading per key, the usual case: nothing to merge
-        merged = all_rows[torch.tensor(chosen)]
+    if rows.shape[0] == groups:  # one reading per row, the usual case: nothing to merge
+        row_of = torch.empty_like(rows)
+        row_of[group] = rows
+        merged = all_rows[row_of]
     else:
-        group_of = torch.tensor(
-            [gid for gid, (rows, _, _) in enumerate(groups.values()) for _ in rows],
-            dtype=torch.int64,
-        )
-        picked = all_rows[torch.tensor(chosen)]
-        merged = torch.zeros(len(groups), all_rows.shape[1], dtype=torch.float64)
-        merged[:, :WIDTH] = merge_groups(picked[:, :WIDTH], group_of, len(groups))
-        merged[:, WIDTH:].index_add_(0, group_of, picked[:, WIDTH:])
+        picked = all_rows[rows]
+        merged = torch.zeros(groups, all_rows.shape[1], dtype=torch.float64)
+        merged[:, :WIDTH] = merge_groups(picked[:, :WIDTH], group, groups)
+        merged[:, WIDTH:].index_add_(0, group, picked[:, WIDTH:])
+    first = readings[grouping.first]
     return (
         Merged(
-            keys=list(groups),
-            forms=[form for _, form, _ in groups.values()],
+            keys=first[:, [STEP, IDENTITY]],
+            forms=first[:, FORM],
             rows=merged,
-            custom=[custom for _, _, custom in groups.values()],
+            custom=_merged_custom(carry, customs, grouping),
         ),
         scalars,
     )
+
+
+def _carried_readings(carry: Merged) -> Tensor:
+    """The rows a carry holds, as readings that come before a flush's own."""
+    readings = torch.zeros(carry.keys.shape[0], FIELDS, dtype=torch.int64)
+    readings[:, STEP] = carry.keys[:, 0]
+    readings[:, IDENTITY] = carry.keys[:, 1]
+    readings[:, FORM] = carry.forms
+    readings[:, ROW] = torch.arange(carry.keys.shape[0])
+    return readings
+
+
+def _global_rows(columns: Tensor, offsets: Mapping[int, int]) -> Tensor:
+    """``columns`` with each row counted from the start of all the flush's buffers."""
+    columns = columns.clone()  # not the recorder's memory
+    if len(offsets) == 1:
+        columns[:, ROW] += next(iter(offsets.values()))
+    else:
+        table = torch.zeros(max(offsets) + 1, dtype=torch.int64)
+        for buffer, offset in offsets.items():
+            table[buffer] = offset
+        columns[:, ROW] += table[columns[:, BUFFER]]
+    return columns
+
+
+def _merged_custom(
+    carry: Merged | None,
+    customs: Sequence[tuple[int, Tensor, tuple[CustomRef, ...]]],
+    grouping: Grouping,
+) -> list[dict[str, _CustomSum]] | None:
+    """Custom statistics of each group, summed over its kept readings in order."""
+    carried = carry.custom if carry is not None else None
+    if carried is None and not customs:
+        return None
+    merged: list[dict[str, _CustomSum]] = [{} for _ in range(grouping.first.shape[0])]
+    group = grouping.group.tolist()
+    kept = grouping.kept.tolist() if grouping.kept is not None else None
+    for index, sums in enumerate(carried or ()):
+        if kept is None or kept[index]:
+            merged[group[index]] = dict(sums)
+    for index, values, refs in customs:
+        if kept is not None and not kept[index]:
+            continue
+        sums = merged[group[index]]
+        for name, value in _custom_sums(values, refs).items():
+            sums[name] = _add_custom(sums.get(name), value)
+    return merged
 
 
 def finalize_merged(
     merged: Merged, rank: int, selection: StatSelection, identities: Identities
 ) -> Chunk:
     """Turn merged partials into a chunk of the stats table."""
-    keys = torch.tensor(merged.keys, dtype=torch.int64).reshape(-1, 2)
+    keys = merged.keys
     stats = finalize(merged.rows[:, :WIDTH])
     kept = {"numel": stats["numel"]}
     kept.update({name: stats[name] for name in selection.builtin if name != "hist"})
+    rows = keys.shape[0]
     custom = {
-        name: [_custom_value(sums.get(name)) for sums in merged.custom] for name in selection.custom
+        name: [_custom_value(sums.get(name)) for sums in merged.custom]
+        if merged.custom is not None
+        else [None] * rows
+        for name in selection.custom
     }
     has_hist = "hist" in selection.builtin and merged.rows.shape[1] > WIDTH
     return Chunk(
         step=keys[:, 0],
         identity=keys[:, 1],
-        form=torch.tensor(merged.forms, dtype=torch.int64),
+        form=merged.forms,
         identities=identities,
         rank=rank,
         stats=kept,
@@ -372,10 +416,9 @@ def _pairs(batch: Batch, arrived: Mapping[int, Arrived]) -> Tensor:
     return pairs
 
 
-def _custom_sums(reading: Reading, arrived: Mapping[int, Arrived]) -> dict[str, _CustomSum]:
-    values = arrived[reading.buffer].values
+def _custom_sums(values: Tensor, refs: tuple[CustomRef, ...]) -> dict[str, _CustomSum]:
     sums: dict[str, _CustomSum] = {}
-    for name, offset, length, is_scalar, numel in reading.custom:
+    for name, offset, length, is_scalar, numel in refs:
         weight = float(max(1, numel))
         sums[name] = (values[offset : offset + length] * weight, weight, is_scalar)
     return sums
