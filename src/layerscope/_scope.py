@@ -38,6 +38,7 @@ from layerscope._table import (
     chunks_to_columns,
 )
 from layerscope._tree import named_tensors
+from layerscope._updates import UpdateSnapshot
 from layerscope.sinks._base import FanOut, Records, RunInfo, RunSummary, Sink
 from layerscope.sinks._memory import MemorySink
 
@@ -90,7 +91,7 @@ class Scope:
         self._calls_open = True
         self._calls_sent = False
         self._grad_read_queued = False
-        self._before_step: dict[int, Tensor] = {}
+        self._before_step = UpdateSnapshot()
 
         self._hooks = HookHandles()
         self._call_order_hooks = HookHandles()
@@ -268,7 +269,7 @@ class Scope:
             self._call_order_hooks.remove()
             self._params = []
             self._module_buffers = []
-            self._before_step.clear()
+            self._before_step.release()
             self._checkpointed.clear()
             self._pipeline.close(partial(self._summary, status))
             self._failures.warn_pending()
@@ -508,18 +509,16 @@ class Scope:
 
     def _snapshot_for_update(self) -> None:
         if Kind.UPDATE in self._kinds:
-            self._before_step = {id(p): p.detach().clone() for p, _ in self._params}
+            self._before_step.take([param for param, _ in self._params])
 
     def _read_after_step(self) -> None:
         self._read_owned(Kind.WEIGHT)
         self._read_owned(Kind.BUFFER)
-        if Kind.UPDATE in self._kinds and self._before_step:
-            with torch.no_grad():
-                for param, owners in self._params:
-                    before = self._before_step.get(id(param))
-                    if before is not None:
-                        self._record_owned(Kind.UPDATE, owners, param.detach() - before)
-            self._before_step = {}
+        if Kind.UPDATE in self._kinds:
+            updates = self._before_step.updates([param for param, _ in self._params])
+            if updates is not None:
+                for (_, owners), update in zip(self._params, updates, strict=True):
+                    self._record_owned(Kind.UPDATE, owners, update)
 
     def _read_owned(self, kind: Kind) -> None:
         if kind not in self._kinds:
@@ -553,6 +552,8 @@ class Scope:
             self._call_order_hooks.remove()
         self._step += 1
         self._set_step_mode()
+        if not self._recording:
+            self._before_step.release()  # kept only from one recorded step to the next
         self._call_counts.clear()
         self._checkpointed.clear()
         self._failures.warn_pending()

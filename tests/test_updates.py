@@ -1,0 +1,61 @@
+"""Optimizer updates: after minus before, bit for bit, from a copy reused between steps."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import layerscope
+from layerscope._updates import UpdateSnapshot
+
+
+def test_updates_equal_after_minus_before_bit_for_bit_across_steps_and_a_cast() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 2))
+    snapshot = UpdateSnapshot()
+    previous: list[int] = []
+    for step in range(4):
+        if step == 2:
+            model.double()  # the kept copy no longer fits: taken afresh
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+        params = list(model.parameters())
+        model(torch.randn(3, 6, dtype=params[0].dtype)).sum().backward()
+        before = [p.detach().clone() for p in params]
+        snapshot.take(params)
+        kept = [id(t) for t in snapshot._before or ()]
+        optimizer.step()
+        updates = snapshot.updates(params)
+        assert updates is not None
+        for update, param, old in zip(updates, params, before, strict=True):
+            assert update.dtype == param.dtype
+            assert torch.equal(update, param.detach() - old)
+        assert snapshot.updates(params) is None  # one reading per copy taken
+        if step in (1, 3):  # the same memory as the step before
+            assert kept == previous
+        previous = kept
+
+
+def test_a_released_copy_gives_no_update() -> None:
+    param = torch.ones(3)
+    snapshot = UpdateSnapshot()
+    assert snapshot.updates([param]) is None
+    snapshot.take([param])
+    snapshot.release()
+    assert snapshot.updates([param]) is None
+
+
+def test_the_copy_is_kept_only_between_recorded_steps() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    held = []
+    every = layerscope.Schedule(every=4, dense=2)  # records steps 0, 1 and 4
+    with layerscope.watch(model, optimizer=optimizer, every=every, capture=("update",)) as scope:
+        for _ in range(5):
+            model(torch.randn(2, 4)).pow(2).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            held.append(scope._before_step._before is not None)
+    # Kept from step 0 into step 1; gone once the next step is not recorded.
+    assert held == [True, False, False, False, False]
+    assert sorted(set(scope.frame().step)) == [0, 1, 4]
