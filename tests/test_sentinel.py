@@ -64,7 +64,7 @@ class Reference:
         return out
 
 
-def _train(model, scope, steps, reference=None, poison=None, micro_batches=1):
+def _train(model, scope, steps, reference=None, poison=None, micro_batches=1, dtype=None):
     generator = torch.Generator().manual_seed(1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     for step in range(steps):
@@ -73,19 +73,23 @@ def _train(model, scope, steps, reference=None, poison=None, micro_batches=1):
         if reference is not None:
             reference.step = step
         for _ in range(micro_batches):
-            x = torch.randn(5, 6, generator=generator)
+            x = torch.randn(5, 6, generator=generator).to(dtype or torch.float32)
             model(x).pow(2).mean().backward()
         optimizer.step()
         optimizer.zero_grad()
         scope.step()
 
 
-@pytest.mark.parametrize("micro_batches", [1, 3])
-def test_sentinel_rows_match_float64_min_and_max(micro_batches):
-    model = _model()
+@pytest.mark.parametrize(
+    ("micro_batches", "dtype"),
+    [(1, torch.float32), (3, torch.float32), (1, torch.bfloat16), (2, torch.float64)],
+)
+def test_sentinel_rows_match_float64_min_and_max(micro_batches, dtype):
+    # float32 and bfloat16 are read by the C kernel, float64 by torch.aminmax
+    model = _model().to(dtype)
     reference = Reference(model)
     with layerscope.watch(model, every=Schedule(every=4, sentinel=True)) as scope:
-        _train(model, scope, steps=6, reference=reference, micro_batches=micro_batches)
+        _train(model, scope, steps=6, reference=reference, micro_batches=micro_batches, dtype=dtype)
     frame = scope.frame()
     sentinel = frame[frame.sentinel]
     assert sorted(set(sentinel.step)) == [1, 2, 3, 5]
@@ -100,7 +104,7 @@ def test_sentinel_rows_match_float64_min_and_max(micro_batches):
     assert len(sentinel) == len(expected)
     for row in sentinel.itertuples():
         low, high, numel = expected[(row.step, row.module, row.kind)]
-        # fp32 tensors: their min and max are exact in float64
+        # their min and max are exact in float64
         assert row.min == low
         assert row.max == high
         assert row.absmax == max(abs(low), abs(high))

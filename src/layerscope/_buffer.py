@@ -3,7 +3,8 @@
 Each row holds the partials of one recorded tensor followed by its histogram: float64 keeps
 the histogram counts exact (below 2**53) and lets partials and histogram share one buffer. Loose
 values (custom statistics, scalar tensors) gather in a list beside it, and so do the sentinel's
-extremes, one (min, max) pair of 0-d tensors per tensor watched. A flush concatenates all of it
+extremes, one (min, max) pair of 0-d tensors per tensor watched (on the CPU the C kernel writes
+each pair into a matrix of its own). A flush concatenates all of it
 into one payload and copies it to the host in one transfer: non-blocking into pinned memory on
 CUDA, with an event to wait on before the host reads it.
 """
@@ -64,13 +65,19 @@ class DeviceRows:
         self._values: list[Tensor] = []
         self._values_size = 0
         self._extremes: list[Tensor] = []
+        # On the CPU the sentinel's pairs are written in place, by the C kernel; elsewhere
+        # each is a pair of 0-d results, stacked at the flush in one operation.
+        self._pairs = torch.empty(0, 2, dtype=torch.float64) if device.type == "cpu" else None
+        self._pair_count = 0
 
     def __len__(self) -> int:
         return self._size
 
     def has_content(self) -> bool:
         """Whether anything waits to be taken."""
-        return self._size > 0 or self._values_size > 0 or bool(self._extremes)
+        return (
+            self._size > 0 or self._values_size > 0 or bool(self._extremes) or self._pair_count > 0
+        )
 
     @property
     def data(self) -> Tensor:
@@ -95,6 +102,22 @@ class DeviceRows:
         self._values_size += flat.numel()
         return offset, flat.numel()
 
+    @property
+    def pairs(self) -> Tensor | None:
+        """``(capacity, 2)`` float64 minima and maxima on the CPU; None on other devices."""
+        return self._pairs
+
+    def reserve_pair(self) -> int:
+        """Add a row of ``pairs`` for the sentinel to write a (min, max) into; CPU only."""
+        pairs = self._pairs
+        assert pairs is not None, "reserve_pair is for the CPU's buffer"
+        if self._pair_count == pairs.shape[0]:
+            grown = pairs.new_empty(max(64, 2 * self._pair_count), 2)
+            grown[: self._pair_count] = pairs
+            self._pairs = grown
+        self._pair_count += 1
+        return self._pair_count - 1
+
     def add_extremes(self, low: Tensor, high: Tensor) -> int:
         """Keep a tensor's minimum and maximum (0-d, any float dtype); return their index."""
         self._extremes += (low, high)
@@ -109,12 +132,16 @@ class DeviceRows:
         parts = [self._data[: self._size].reshape(-1), *self._values]
         if self._extremes:  # one stack for all pairs; it promotes bf16 and fp16 to fp32
             parts.append(torch.stack(self._extremes).to(torch.float64))
-        payload = torch.cat(parts)
-        rows, extremes = self._size, len(self._extremes) // 2
+        if self._pair_count:
+            assert self._pairs is not None
+            parts.append(self._pairs[: self._pair_count].reshape(-1))
+        payload = torch.cat(parts)  # a copy: the buffers are reused at once
+        rows, extremes = self._size, len(self._extremes) // 2 + self._pair_count
         self._size = 0
         self._values = []
         self._values_size = 0
         self._extremes = []
+        self._pair_count = 0
         if self.device.type != "cuda":
             # A fresh tensor, so the writer thread can copy it later, off the training thread.
             return HostCopy(payload, rows, self.row_width, None, extremes)

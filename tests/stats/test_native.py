@@ -340,3 +340,44 @@ def test_wrapper_subclasses_take_the_torch_kernel():
     exact = [int(field) for field in EXACT_FIELDS]
     assert torch.equal(out[0, exact], want[0, exact])
     assert torch.equal(out[0, WIDTH:], want[0, WIDTH:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 15, 1024, 1025, PARALLEL_MIN + 3, 5 * PARALLEL_MIN + 7])
+@pytest.mark.parametrize("special", ["none", "inf", "nan_late", "negative_zero"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_extremes_match_aminmax(dtype, n, special, threads):
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal(n) * 100
+    if special == "inf":
+        a[rng.integers(0, n, 2)] = [math.inf, -math.inf]
+    elif special == "nan_late":  # in the last block, the last thread's run
+        a[-1] = math.nan
+    elif special == "negative_zero":
+        a[:] = -0.0
+    x = torch.from_numpy(a).to(dtype)
+    pairs = torch.full((3, 2), 7.0, dtype=torch.float64)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _native.extremes_into(x, pairs, 1)
+    finally:
+        torch.set_num_threads(previous)
+    low, high = torch.aminmax(x)
+    expected = torch.stack([low, high]).double()
+    assert torch.equal(pairs[1], expected) or (expected.isnan().all() and pairs[1].isnan().all())
+    assert pairs[[0, 2]].eq(7.0).all()  # only its own row written
+
+
+def test_extremes_of_views_read_their_values():
+    base = torch.randn(64, 33)
+    for view in (base.t(), base[:, ::2]):
+        pairs = torch.zeros(1, 2, dtype=torch.float64)
+        _native.extremes_into(view, pairs, 0)
+        low, high = torch.aminmax(view)
+        assert pairs[0].tolist() == [low.item(), high.item()]
+    negated = torch._neg_view(base)
+    assert negated.is_neg()
+    pairs = torch.zeros(1, 2, dtype=torch.float64)
+    _native.extremes_into(negated, pairs, 0)
+    assert pairs[0].tolist() == [(-base).min().item(), (-base).max().item()]

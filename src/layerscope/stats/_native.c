@@ -26,7 +26,7 @@
 enum { NUMEL, COUNT, MEAN, M2, MIN, MAX, ZEROS, NANS, INFS, NEG, POS, WIDTH };
 enum { DTYPE_FLOAT32 = 0, DTYPE_BFLOAT16 = 1 };
 enum { SLOTS = 256 };  /* one per float32 exponent */
-#define ABI (100 * WIDTH + 1)
+#define ABI (100 * WIDTH + 2)
 
 #define BLOCK 1024           /* values per block: 4 KB of float32, in L1 */
 #define CHUNK (64 * BLOCK)   /* values between two flushes of 32-bit histogram counts */
@@ -373,5 +373,67 @@ int layerscope_partials(const void* data, int64_t n, int dtype, double* row, dou
     if (with_histogram)
         for (int slot = 0; slot < SLOTS; slot++) hist[slot] = (double)total->hist[slot];
     if (parts != &single) free(parts);
+    return 0;
+}
+
+/* Minimum and maximum of values [begin, end) into lo and hi; returns whether one is NaN. */
+static int range_extremes(const void* data, int dtype, int64_t begin, int64_t end, float* lo,
+                          float* hi) {
+    float widened[BLOCK];
+    float low = INFINITY, high = -INFINITY;
+    int32_t nans = 0;
+    for (int64_t start = begin; start < end; start += BLOCK) {
+        int64_t n = end - start < BLOCK ? end - start : BLOCK;
+        const float* x;
+        if (dtype == DTYPE_BFLOAT16) {
+            const uint16_t* half = (const uint16_t*)data + start;
+            uint32_t* wide = (uint32_t*)widened;
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) wide[i] = (uint32_t)half[i] << 16;
+            x = widened;
+        } else {
+            x = (const float*)data + start;
+        }
+#pragma omp simd reduction(min : low) reduction(max : high) reduction(+ : nans)
+        for (int64_t i = 0; i < n; i++) {
+            low = x[i] < low ? x[i] : low; /* a NaN compares false: counted apart */
+            high = x[i] > high ? x[i] : high;
+            nans += x[i] != x[i];
+        }
+    }
+    *lo = low;
+    *hi = high;
+    return nans > 0;
+}
+
+/* The sentinel's reading of n > 0 values: out[0] = minimum, out[1] = maximum, both NaN if one
+ * value is, as torch.aminmax gives them. Returns 0, or -1 for an unknown dtype. */
+int layerscope_extremes(const void* data, int64_t n, int dtype, double* out, int threads) {
+    if (dtype != DTYPE_FLOAT32 && dtype != DTYPE_BFLOAT16) return -1;
+    float lo = INFINITY, hi = -INFINITY;
+    int nan = 0;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads < 1 || n < PARALLEL_MIN) threads = 1;
+    if (threads == 1) {
+        nan = range_extremes(data, dtype, 0, n, &lo, &hi);
+    } else {
+        int64_t blocks = (n + BLOCK - 1) / BLOCK;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(min : lo) reduction(max : hi) reduction(| : nan)
+        {
+            int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
+            int64_t begin = blocks * t / count * BLOCK, end = blocks * (t + 1) / count * BLOCK;
+            float a = INFINITY, b = -INFINITY;
+            if (begin < n) nan |= range_extremes(data, dtype, begin, end < n ? end : n, &a, &b);
+            lo = a < lo ? a : lo;
+            hi = b > hi ? b : hi;
+        }
+#else
+        (void)blocks;
+        nan = range_extremes(data, dtype, 0, n, &lo, &hi);
+#endif
+    }
+    out[0] = nan ? NAN : (double)lo;
+    out[1] = nan ? NAN : (double)hi;
     return 0;
 }

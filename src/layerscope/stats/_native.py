@@ -31,7 +31,7 @@ from layerscope._errors import LayerscopeWarning
 from layerscope.stats._layout import WIDTH
 
 SOURCE = Path(__file__).with_name("_native.c")
-_ABI = 100 * WIDTH + 1  # the C file's ABI: its row width and a version
+_ABI = 100 * WIDTH + 2  # the C file's ABI: its row width and a version
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's codes of the dtypes it reads
 _HIST_OFFSET = WIDTH * 8  # bytes from a row's start to its histogram
 # From most to least capable; OpenMP is left out where the compiler has none (Apple's clang).
@@ -101,6 +101,24 @@ def partials_into(x: Tensor, rows: Tensor, index: int, with_histogram: bool) -> 
         raise RuntimeError(f"layerscope_partials returned {status} for dtype {x.dtype}")
 
 
+def extremes_into(x: Tensor, pairs: Tensor, index: int) -> None:
+    """Write the minimum and maximum of ``x`` to ``pairs[index]``, as ``aminmax`` gives them.
+
+    A NaN anywhere makes both NaN. ``x`` as for ``partials_into``; ``pairs`` is a contiguous
+    ``(n, 2)`` float64 CPU matrix, such as the recorder's buffer of the sentinel's readings.
+    """
+    lib = library()
+    assert lib is not None, "extremes_into needs library()"
+    if not x.is_contiguous() or x.is_neg():
+        x = x.detach().resolve_neg().contiguous()
+    status = lib.layerscope_extremes(
+        x.data_ptr(), x.numel(), DTYPES[x.dtype], pairs.data_ptr() + 16 * index,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if status != 0:
+        raise RuntimeError(f"layerscope_extremes returned {status} for dtype {x.dtype}")
+
+
 def _load() -> ctypes.CDLL | None:
     if os.environ.get("LAYERSCOPE_NATIVE", "1") == "0":
         return None
@@ -129,6 +147,10 @@ def _load() -> ctypes.CDLL | None:
         lib.layerscope_partials.argtypes = [
             ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
             ctypes.c_int,
+        ]  # fmt: skip
+        lib.layerscope_extremes.restype = ctypes.c_int
+        lib.layerscope_extremes.argtypes = [
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
         ]  # fmt: skip
         return lib
     raise RuntimeError(errors[-1])

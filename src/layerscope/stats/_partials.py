@@ -86,6 +86,22 @@ def write_partials(x: Tensor, histogram: HistogramSpec | None, rows: Tensor, ind
         rows[index, WIDTH:] = hist
 
 
+def write_extremes(x: Tensor, pairs: Tensor, index: int) -> None:
+    """Write the minimum and maximum of a non-empty floating ``x`` into ``pairs[index]``.
+
+    NaN anywhere makes both NaN, as ``torch.aminmax``. ``pairs`` is a contiguous ``(n, 2)``
+    float64 matrix on ``x``'s device. On the CPU the C kernel reads float32 and bfloat16
+    tensors in one vectorised pass and writes there directly.
+    """
+    if _native_reads(x, None):
+        _native.extremes_into(_native_input(x), pairs, index)
+        return
+    with torch.no_grad():
+        low, high = torch.aminmax(x.detach())
+    pairs[index, 0] = low
+    pairs[index, 1] = high
+
+
 def _native_reads(flat: Tensor, histogram: HistogramSpec | None) -> bool:
     """Whether the C kernel computes these partials.
 
