@@ -251,6 +251,17 @@ static void block_histogram(const float* x, int64_t n, uint32_t (*tables)[SLOTS]
     block_histogram_scalar(x, n, tables);
 }
 
+/* The n values from start as float32: in place, or widened from bfloat16 into widened. */
+static inline const float* block_floats(const void* data, int dtype, int64_t start, int64_t n,
+                                        float* widened) {
+    if (dtype != DTYPE_BFLOAT16) return (const float*)data + start;
+    const uint16_t* half = (const uint16_t*)data + start; /* float32's upper half */
+    uint32_t* wide = (uint32_t*)widened;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) wide[i] = (uint32_t)half[i] << 16;
+    return widened;
+}
+
 /* Partials of values [begin, end) into p. */
 static void range_partials(const void* data, int dtype, int64_t begin, int64_t end, double shift,
                            int with_histogram, partials_t* p) {
@@ -261,16 +272,7 @@ static void range_partials(const void* data, int dtype, int64_t begin, int64_t e
         if (with_histogram) memset(tables, 0, sizeof tables);
         for (int64_t start = chunk; start < chunk_end; start += BLOCK) {
             int64_t n = chunk_end - start < BLOCK ? chunk_end - start : BLOCK;
-            const float* x;
-            if (dtype == DTYPE_BFLOAT16) {  /* bfloat16 is float32's upper half */
-                const uint16_t* half = (const uint16_t*)data + start;
-                uint32_t* wide = (uint32_t*)widened;
-#pragma omp simd
-                for (int64_t i = 0; i < n; i++) wide[i] = (uint32_t)half[i] << 16;
-                x = widened;
-            } else {
-                x = (const float*)data + start;
-            }
+            const float* x = block_floats(data, dtype, start, n, widened);
             block_moments(x, n, shift, p);
             if (with_histogram) block_histogram(x, n, tables);
         }
@@ -384,16 +386,7 @@ static int range_extremes(const void* data, int dtype, int64_t begin, int64_t en
     int32_t nans = 0;
     for (int64_t start = begin; start < end; start += BLOCK) {
         int64_t n = end - start < BLOCK ? end - start : BLOCK;
-        const float* x;
-        if (dtype == DTYPE_BFLOAT16) {
-            const uint16_t* half = (const uint16_t*)data + start;
-            uint32_t* wide = (uint32_t*)widened;
-#pragma omp simd
-            for (int64_t i = 0; i < n; i++) wide[i] = (uint32_t)half[i] << 16;
-            x = widened;
-        } else {
-            x = (const float*)data + start;
-        }
+        const float* x = block_floats(data, dtype, start, n, widened);
 #pragma omp simd reduction(min : low) reduction(max : high) reduction(+ : nans)
         for (int64_t i = 0; i < n; i++) {
             low = x[i] < low ? x[i] : low; /* a NaN compares false: counted apart */
