@@ -29,13 +29,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 import layerscope
 from layerscope._buffer import HostCopy
 from layerscope._kinds import Kind
+from layerscope._readings import Readings
 from layerscope._table import (
     Batch,
     Chunk,
     Form,
     Identities,
     Identity,
-    Reading,
     arrive,
     finalize_merged,
     merge_batches,
@@ -158,7 +158,9 @@ def finalise_and_write_rate(directory: Path, steps: int) -> float:
     for step in range(steps):
         partials, hist = _partials(per_step, generator)
         payload = torch.cat([partials, hist.double()], dim=1).reshape(-1)
-        readings = [Reading(step, codes[i], 0, 0, i, False) for i in range(per_step)]
+        readings = Readings()
+        for i in range(per_step):
+            readings.add(step, codes[i], 0, 0, i, False)
         batches.append(Batch(readings, {0: HostCopy(payload, per_step, WIDTH + 256, None)}))
     selection = StatSelection()
     start = time.perf_counter()
