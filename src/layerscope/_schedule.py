@@ -13,7 +13,7 @@ class Schedule:
     watched activation and gradient, one reduction per tensor, so that a NaN, an Inf or a
     spike between recorded steps is seen at the step and layer where it happened. On a GPU
     that is a few microseconds of kernel launches a step; on a CPU it is a pass over every
-    activation and gradient, 5% to 25% of a step in BENCHMARKS.md. So by default
+    activation and gradient, 2% to 16% of a step in BENCHMARKS.md. So by default
     (``sentinel=None``) it runs where the model's parameters are on an accelerator, not on
     the CPU; ``True`` and ``False`` turn it on and off everywhere.
 
@@ -84,8 +84,8 @@ class Schedule:
 
 
 #: What ``every=None`` means: every step of the first 10, where most training pathologies
-#: show, then one step in 100. On a 2-core CPU full statistics of every kind cost 2.3x to 3.3x
-#: a step (BENCHMARKS.md); one step in 100 spreads that to at most 1.03x. The sentinel watches
+#: show, then one step in 100. On a 2-core CPU full statistics of every kind cost 1.2x to 1.5x
+#: a step (BENCHMARKS.md); one step in 100 spreads that to at most 1.005x. The sentinel watches
 #: the steps between where the model is on an accelerator.
 DEFAULT_SCHEDULE = Schedule(every=100, dense=10)
 
