@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -59,3 +61,32 @@ def test_the_copy_is_kept_only_between_recorded_steps() -> None:
     # Kept from step 0 into step 1; gone once the next step is not recorded.
     assert held == [True, False, False, False, False]
     assert sorted(set(scope.frame().step)) == [0, 1, 4]
+
+
+def test_a_failing_parameter_copy_warns_once_and_training_goes_on(monkeypatch):
+    def broken(self, params):
+        raise RuntimeError("no copy today")
+
+    monkeypatch.setattr(UpdateSnapshot, "take", broken)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    reference = nn.Linear(4, 3)
+    reference.load_state_dict(model.state_dict())
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, reference)]
+    scope = layerscope.watch(model, optimizer=optimizers[0], every=1, capture=("weight", "update"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for m, optimizer in ((model, optimizers[0]), (reference, optimizers[1])) * 3:
+            m(torch.ones(2, 4)).pow(2).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        scope.close()
+    ours = [w for w in caught if issubclass(w.category, layerscope.LayerscopeWarning)]
+    assert len(ours) == 1
+    assert "no copy today" in str(ours[0].message)
+    assert scope.failures == 3
+    frame = scope.frame()
+    assert set(frame.kind) == {"weight"}
+    assert sorted(set(frame.step)) == [0, 1, 2]
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b)

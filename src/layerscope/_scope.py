@@ -509,16 +509,23 @@ class Scope:
 
     def _snapshot_for_update(self) -> None:
         if Kind.UPDATE in self._kinds:
-            self._before_step.take([param for param, _ in self._params])
+            try:
+                self._before_step.take([param for param, _ in self._params])
+            except Exception as error:
+                self._before_step.release()
+                self._fail("copying the parameters before the step", error)
 
     def _read_after_step(self) -> None:
         self._read_owned(Kind.WEIGHT)
         self._read_owned(Kind.BUFFER)
         if Kind.UPDATE in self._kinds:
-            updates = self._before_step.updates([param for param, _ in self._params])
-            if updates is not None:
-                for (_, owners), update in zip(self._params, updates, strict=True):
-                    self._record_owned(Kind.UPDATE, owners, update)
+            try:
+                updates = self._before_step.updates([param for param, _ in self._params])
+                if updates is not None:
+                    for (_, owners), update in zip(self._params, updates, strict=True):
+                        self._record_owned(Kind.UPDATE, owners, update)
+            except Exception as error:
+                self._fail("reading the updates", error)
 
     def _read_owned(self, kind: Kind) -> None:
         if kind not in self._kinds:

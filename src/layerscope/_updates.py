@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -25,7 +25,7 @@ class UpdateSnapshot:
             values = [param.detach() for param in params]
             kept = self._before
             if kept is not None and all(map(_same_layout, kept, values)):
-                torch._foreach_copy_(kept, values)
+                _each(torch._foreach_copy_, Tensor.copy_, kept, values)
             else:  # first use, or a parameter moved, was cast or resized since
                 self._before = [value.clone() for value in values]
         self._taken = True
@@ -40,14 +40,32 @@ class UpdateSnapshot:
         self._taken = False
         with torch.no_grad():
             before = self._before
-            torch._foreach_sub_(before, [param.detach() for param in params])
-            torch._foreach_neg_(before)  # -(before - after) is after - before, bit for bit
+            _each(torch._foreach_sub_, Tensor.sub_, before, [param.detach() for param in params])
+            for update in before:  # -(before - after) is after - before, bit for bit
+                update.neg_()
         return before
 
     def release(self) -> None:
         """Free the copy: the next step records no update."""
         self._before = None
         self._taken = False
+
+
+def _each(
+    foreach: Callable[[list[Tensor], list[Tensor]], object],
+    single: Callable[[Tensor, Tensor], object],
+    targets: list[Tensor],
+    values: list[Tensor],
+) -> None:
+    """``foreach(targets, values)`` on plain tensors, else one ``single`` call per pair.
+
+    Tensor subclasses (DTensor and other wrappers) may lack ``_foreach`` kernels.
+    """
+    if all(type(t) is Tensor for t in targets) and all(type(v) is Tensor for v in values):
+        foreach(targets, values)
+    else:
+        for target, value in zip(targets, values, strict=True):
+            single(target, value)
 
 
 def _same_layout(kept: Tensor, value: Tensor) -> bool:
