@@ -4,9 +4,9 @@ Each row holds the partials of one recorded tensor followed by its histogram: fl
 the histogram counts exact (below 2**53) and lets partials and histogram share one buffer. Loose
 values (custom statistics, scalar tensors) gather in a list beside it, and so do the sentinel's
 extremes, one (min, max) pair of 0-d tensors per tensor watched (on the CPU the C kernel writes
-each pair into a matrix of its own). A flush concatenates all of it
-into one payload and copies it to the host in one transfer: non-blocking into pinned memory on
-CUDA, with an event to wait on before the host reads it.
+each pair into a matrix of its own). A flush concatenates all of it into one payload and
+copies it to the host in one transfer: non-blocking into pinned memory on CUDA, with an event
+to wait on before the host reads it.
 """
 
 from __future__ import annotations

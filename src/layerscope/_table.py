@@ -246,6 +246,7 @@ def merge_batches(
         return None, scalars
 
     readings = parts[0] if len(parts) == 1 else torch.cat(parts)
+    # One int64 key per (step, identity): identity codes stay far below 2**32.
     grouping = group_readings(
         (readings[:, STEP] << 32) | readings[:, IDENTITY], readings[:, REPLACES]
     )
