@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from layerscope.stats import WIDTH
+from layerscope.stats._partials import write_extremes
 
 
 @dataclass(slots=True)
@@ -65,8 +66,7 @@ class DeviceRows:
         self._values: list[Tensor] = []
         self._values_size = 0
         self._extremes: list[Tensor] = []
-        # On the CPU the sentinel's pairs are written in place, by the C kernel; elsewhere
-        # each is a pair of 0-d results, stacked at the flush in one operation.
+        # On the CPU the sentinel's pairs are written in place (see add_extremes).
         self._pairs = torch.empty(0, 2, dtype=torch.float64) if device.type == "cpu" else None
         self._pair_count = 0
 
@@ -102,26 +102,25 @@ class DeviceRows:
         self._values_size += flat.numel()
         return offset, flat.numel()
 
-    @property
-    def pairs(self) -> Tensor | None:
-        """``(capacity, 2)`` float64 minima and maxima on the CPU; None on other devices."""
-        return self._pairs
+    def add_extremes(self, tensor: Tensor) -> int:
+        """Keep the minimum and maximum of a non-empty floating ``tensor``; return their index.
 
-    def reserve_pair(self) -> int:
-        """Add a row of ``pairs`` for the sentinel to write a (min, max) into; CPU only."""
+        On the CPU they are written in place (by the C kernel where it reads the dtype);
+        elsewhere one ``aminmax`` gives 0-d results, stacked at the flush in one operation.
+        """
         pairs = self._pairs
-        assert pairs is not None, "reserve_pair is for the CPU's buffer"
+        if pairs is None:
+            with torch.no_grad():
+                low, high = torch.aminmax(tensor.detach())
+            self._extremes += (low, high)
+            return len(self._extremes) // 2 - 1
         if self._pair_count == pairs.shape[0]:
             grown = pairs.new_empty(max(64, 2 * self._pair_count), 2)
             grown[: self._pair_count] = pairs
-            self._pairs = grown
+            self._pairs = pairs = grown
+        write_extremes(tensor, pairs, self._pair_count)
         self._pair_count += 1
         return self._pair_count - 1
-
-    def add_extremes(self, low: Tensor, high: Tensor) -> int:
-        """Keep a tensor's minimum and maximum (0-d, any float dtype); return their index."""
-        self._extremes += (low, high)
-        return len(self._extremes) // 2 - 1
 
     def take(self) -> HostCopy:
         """Start the copy of everything stored so far to the host and empty the buffer.

@@ -22,7 +22,7 @@ from layerscope._pipeline import Pipeline
 from layerscope._readings import CustomRef, Readings
 from layerscope._table import Batch, Extreme, Form, Identities, Identity
 from layerscope.stats import CustomStat, HistogramSpec
-from layerscope.stats._partials import write_extremes, write_partials
+from layerscope.stats._partials import write_partials
 
 # A step with many forward passes (long evaluations, much gradient accumulation) flushes when
 # this many readings wait, so that device memory stays bounded; the host merges the pieces.
@@ -151,13 +151,7 @@ class Recorder:
         if not tensor.is_floating_point() or tensor.numel() == 0:
             return
         buffer_id, rows = self._rows_on(tensor.device)
-        if rows.pairs is not None:  # the CPU: written in place, by the C kernel where it can
-            pair = rows.reserve_pair()
-            write_extremes(tensor, rows.pairs, pair)
-        else:
-            with torch.no_grad():
-                low, high = torch.aminmax(tensor.detach())
-            pair = rows.add_extremes(low, high)
+        pair = rows.add_extremes(tensor)
         code = self._identity_code(target, kind, name, call, phase)
         form = self._form_code(tensor)
         self.extremes.append(Extreme(step, code, form, buffer_id, pair, tensor.numel()))

@@ -1,11 +1,11 @@
 """The CPU statistics kernel in C: built with the system's compiler on first use, then cached.
 
 On the CPU, one pass of ``_native.c`` over a float32 tensor's memory computes its partials and
-log2 histogram about 12 times faster than the compiled torch kernel, which spends most of its
-time on the histogram (5 times without it; ``benchmarks/kernel.py``), and needs neither
-inductor's compile time nor its memory. The library is built once per source, machine and
-flags, into ``$LAYERSCOPE_CACHE`` (default ``~/.cache/layerscope``), and loaded with ctypes,
-whose calls release the GIL.
+log2 histogram 7 to 14 times faster than the compiled torch kernel, which spends most of its
+time on the histogram (``benchmarks/kernel.py``), and needs neither inductor's compile time
+nor its memory; another pass gives the sentinel's minimum and maximum. The library is built
+once per source, machine and flags, into ``$LAYERSCOPE_CACHE`` (default
+``~/.cache/layerscope``), and loaded with ctypes, whose calls release the GIL.
 
 Where there is no C compiler, or ``LAYERSCOPE_NATIVE=0``, ``library()`` is None and the torch
 kernels do the work. A compiler that fails gives one ``LayerscopeWarning``.
@@ -90,8 +90,7 @@ def partials_into(x: Tensor, rows: Tensor, index: int, with_histogram: bool) -> 
     """
     lib = library()
     assert lib is not None, "partials_into needs library()"
-    if not x.is_contiguous() or x.is_neg():  # a negative view's memory holds -x
-        x = x.detach().resolve_neg().contiguous()
+    x = _readable(x)
     row = rows.data_ptr() + index * rows.stride(0) * rows.element_size()
     status = lib.layerscope_partials(
         x.data_ptr(), x.numel(), DTYPES[x.dtype], row,
@@ -109,14 +108,20 @@ def extremes_into(x: Tensor, pairs: Tensor, index: int) -> None:
     """
     lib = library()
     assert lib is not None, "extremes_into needs library()"
-    if not x.is_contiguous() or x.is_neg():
-        x = x.detach().resolve_neg().contiguous()
+    x = _readable(x)
     status = lib.layerscope_extremes(
         x.data_ptr(), x.numel(), DTYPES[x.dtype], pairs.data_ptr() + 16 * index,
         torch.get_num_threads(),
     )  # fmt: skip
     if status != 0:
         raise RuntimeError(f"layerscope_extremes returned {status} for dtype {x.dtype}")
+
+
+def _readable(x: Tensor) -> Tensor:
+    """``x`` with its values laid out in its own memory, in order."""
+    if not x.is_contiguous() or x.is_neg():  # a negative view's memory holds -x
+        return x.detach().resolve_neg().contiguous()
+    return x
 
 
 def _load() -> ctypes.CDLL | None:
