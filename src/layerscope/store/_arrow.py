@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from layerscope._modules import CallEvent
 from layerscope._table import Chunk, Identities
-from layerscope.store._arrays import float_lists, floats, numeric, strings
+from layerscope.store._arrays import float_lists, floats, lists, numeric, strings
 
 # The statistics that are counts; the others are float64.
 _COUNT_STATS = frozenset(("numel", "nan_count", "inf_count"))
@@ -96,7 +96,7 @@ class _Lookup:
         positions = np.repeat(self._starts[forms] - offsets[:-1], ranks)
         positions += np.arange(len(positions))
         dims = numeric(self._dims[positions], pa.int64())
-        return pa.ListArray.from_arrays(numeric(offsets, pa.int32()), dims)
+        return lists(offsets, dims)
 
     def column(self, name: str, codes: np.ndarray) -> pa.DictionaryArray:
         index, dictionary = self._columns[name]
@@ -151,9 +151,7 @@ def _trimmed_histogram(counts: np.ndarray, valid: np.ndarray) -> tuple[pa.Array,
     positions = np.repeat(index * slots + lo - offsets[:-1], lengths)
     positions += np.arange(len(positions))
     values = numeric(counts.reshape(-1)[positions], pa.int64())
-    offsets_array = numeric(offsets, pa.int32())
-    hist = pa.ListArray.from_arrays(offsets_array, values, mask=numeric(~valid, pa.bool_()))
-    return numeric(lo, pa.int16(), valid), hist
+    return numeric(lo, pa.int16(), valid), lists(offsets, values, valid)
 
 
 def _zero_bits_table() -> tuple[np.ndarray, np.ndarray]:
