@@ -111,6 +111,24 @@ def test_sentinel_rows_match_float64_min_and_max(micro_batches, dtype):
         assert row.numel == numel
 
 
+def test_a_step_whose_sentinel_readings_are_flushed_in_pieces_keeps_one_row_each(monkeypatch):
+    # Very many forwards in a step flush its sentinel readings before the step ends; the
+    # writer, finishing every batch at once, must still merge each step's pieces into one row.
+    monkeypatch.setattr(layerscope._pipeline, "WAITING_BATCHES", 1)
+    model = _model()
+    reference = Reference(model)
+    with layerscope.watch(model, every=Schedule(every=100, sentinel=True)) as scope:
+        scope._recorder.rows_per_flush = 5
+        _train(model, scope, steps=4, reference=reference, micro_batches=3)
+    sentinel = scope.frame().query("sentinel")
+    assert not sentinel.duplicated(["step", "module", "kind", "tensor", "call"]).any()
+    expected = {key: value for key, value in reference.rows().items() if key[0] in (1, 2, 3)}
+    assert len(sentinel) == len(expected)
+    for row in sentinel.itertuples():
+        low, high, numel = expected[(row.step, row.module, row.kind)]
+        assert (row.min, row.max, row.numel) == (low, high, numel)
+
+
 @pytest.mark.parametrize(
     ("poison_value", "check"), [(math.nan, math.isnan), (math.inf, math.isinf)]
 )

@@ -26,6 +26,7 @@ from layerscope._table import (
     Batch,
     Identities,
     Merged,
+    SentinelCarry,
     arrive,
     finalize_merged,
     merge_batches,
@@ -77,6 +78,7 @@ class Pipeline:
         self._flush_seconds = flush_seconds
         self._queue: queue.Queue[Batch | Records | _Flush | _Stop] = queue.Queue(queue_size)
         self._carry: Merged | None = None
+        self._sentinel_carry: SentinelCarry | None = None
         self._thread = threading.Thread(target=self._run, name="layerscope-writer", daemon=True)
         self._serial = threading.Event()
         threads = torch.get_num_threads()
@@ -161,11 +163,16 @@ class Pipeline:
         try:
             arrivals = [arrive(batch) for batch in batches]
             merged, scalars = merge_batches(batches, self._carry, arrivals)
-            sentinel = sentinel_chunk(
-                batches, arrivals, self._rank, self._selection, self._identities
+            sentinel, self._sentinel_carry = sentinel_chunk(
+                batches,
+                arrivals,
+                self._rank,
+                self._selection,
+                self._identities,
+                self._sentinel_carry,
             )
         except Exception:
-            self._carry = None
+            self._carry = self._sentinel_carry = None
             self.dropped_rows += sum(len(b.readings) + len(b.extremes) for b in batches)
             raise
         # The last batch ends a step, or its step's readings wait for the next batch: those

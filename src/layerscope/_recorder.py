@@ -156,7 +156,7 @@ class Recorder:
         form = self._form_code(tensor)
         self.extremes.append(Extreme(step, code, form, buffer_id, pair, tensor.numel()))
         if len(self.extremes) >= self.rows_per_flush:  # very many forwards in one step
-            self.flush(final=True)
+            self.flush(final=False)
 
     def _identity_code(self, target: Target, kind: Kind, name: str, call: int, phase: str) -> int:
         # A plain tuple's lookup is 5x faster than making and hashing an Identity; a target's

@@ -351,28 +351,62 @@ def finalize_merged(
     )
 
 
+@dataclass(slots=True)
+class SentinelCarry:
+    """Sentinel readings of a step that has not ended, and their pairs, already on the host."""
+
+    extremes: list[Extreme]
+    pairs: Tensor  # (len(extremes), 2) float64
+
+
 def sentinel_chunk(
     batches: Sequence[Batch],
     arrivals: Sequence[Mapping[int, Arrived]],
     rank: int,
     selection: StatSelection,
     identities: Identities,
-) -> Chunk | None:
+    carry: SentinelCarry | None = None,
+) -> tuple[Chunk | None, SentinelCarry | None]:
     """The sentinel's rows of ``batches``, readings of one step and identity merged.
 
-    Minima and maxima merge with NaN winning, as they were taken: a NaN anywhere shows.
+    Minima and maxima merge with NaN winning, as they were taken: a NaN anywhere shows. The
+    readings of ``carry`` come first. Unless the last batch ends a step, that step's readings
+    are not made into rows but returned, to be merged with the rest of the step's.
     """
-    extremes = [extreme for batch in batches for extreme in batch.extremes]
+    extremes = [*carry.extremes] if carry is not None else []
+    extremes.extend(extreme for batch in batches for extreme in batch.extremes)
     if not extremes:
-        return None
+        return None, None
+    pairs = torch.cat(
+        ([carry.pairs] if carry is not None else [])
+        + [_pairs(batch, arrived) for batch, arrived in zip(batches, arrivals, strict=True)]
+    )
+    kept = None
+    if not batches[-1].final:
+        # Steps only grow, so the unfinished step's readings are the last ones.
+        last = extremes[-1].step
+        cut = len(extremes)
+        while cut > 0 and extremes[cut - 1].step == last:
+            cut -= 1
+        kept = SentinelCarry(extremes[cut:], pairs[cut:])
+        extremes, pairs = extremes[:cut], pairs[:cut]
+        if not extremes:
+            return None, kept
+    return _sentinel_rows(extremes, pairs, rank, selection, identities), kept
+
+
+def _sentinel_rows(
+    extremes: list[Extreme],
+    pairs: Tensor,
+    rank: int,
+    selection: StatSelection,
+    identities: Identities,
+) -> Chunk:
     groups: dict[tuple[int, int], int] = {}
     group_of = [groups.setdefault((e.step, e.identity), len(groups)) for e in extremes]
     first: dict[int, int] = {}
     for position, code in enumerate(group_of):
         first.setdefault(code, position)
-    pairs = torch.cat(
-        [_pairs(batch, arrived) for batch, arrived in zip(batches, arrivals, strict=True)]
-    )
     count = len(groups)
     group = torch.tensor(group_of)
     low = torch.full((count,), torch.inf, dtype=torch.float64)
