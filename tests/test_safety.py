@@ -5,6 +5,7 @@ import gc
 import warnings
 import weakref
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -229,6 +230,68 @@ def test_a_failing_custom_stat_is_skipped_and_the_rest_recorded():
     frame = scope.frame()
     assert frame["bad"].isna().all()
     assert frame["mean"].notna().all()
+
+
+def test_a_failing_flush_drops_that_step_with_a_warning_and_training_goes_on(monkeypatch):
+    from layerscope._buffer import DeviceRows
+
+    take = DeviceRows.take
+    calls = []
+
+    def fails_once(self):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("pinned memory ran out")
+        return take(self)
+
+    monkeypatch.setattr(DeviceRows, "take", fails_once)
+    model = _net()
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    warned = pytest.warns(LayerscopeWarning, match="flushing a step failed.*pinned memory")
+    with warned, layerscope.watch(model, optimizer=optimizer, every=1) as scope:
+        _train(model, optimizer, steps=3, scope=scope)
+    _train(reference, ref_opt, steps=3)
+    assert sorted(set(scope.frame().step)) == [0, 2]
+    assert scope.failures == 1
+    for a, b in zip(reference.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_numpy_scalar_is_a_scalar():
+    model = nn.Linear(2, 1)
+    with layerscope.watch(model, every=1) as scope:
+        model(torch.ones(1, 2)).sum().backward()
+        scope.step(loss=np.float32(0.5), lr=np.int64(3))
+    assert scope.frame("scalars").value.tolist() == [0.5, 3.0]
+
+
+def test_a_sparse_gradient_is_skipped_with_a_warning_and_the_others_recorded():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2))
+    reference = copy.deepcopy(model)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    tokens = torch.tensor([[1, 2, 3], [3, 4, 9]])
+    scope = layerscope.watch(model, optimizer=optimizers[0], every=1, capture=("weight_grad",))
+
+    def train():
+        for _ in range(2):
+            for m, optimizer in zip((model, reference), optimizers, strict=True):
+                m(tokens).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            scope.step()
+
+    with pytest.warns(LayerscopeWarning, match="weight_grad 'weight' of '0'.*sparse"):
+        train()
+    scope.close()
+    frame = scope.frame()
+    assert set(zip(frame.module, frame.tensor, strict=True)) == {("1", "weight"), ("1", "bias")}
+    assert sorted(set(frame.step)) == [0, 1]
+    assert scope.failures == 2
+    for a, b in zip(reference.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.cuda

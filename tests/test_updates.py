@@ -22,6 +22,7 @@ def test_updates_equal_after_minus_before_bit_for_bit_across_steps_and_a_cast() 
         optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
         params = list(model.parameters())
         model(torch.randn(3, 6, dtype=params[0].dtype)).sum().backward()
+        params[-1].grad = None  # a parameter the step leaves alone: its update is +0.0
         before = [p.detach().clone() for p in params]
         snapshot.take(params)
         kept = [id(t) for t in snapshot._before or ()]
@@ -30,7 +31,10 @@ def test_updates_equal_after_minus_before_bit_for_bit_across_steps_and_a_cast() 
         assert updates is not None
         for update, param, old in zip(updates, params, before, strict=True):
             assert update.dtype == param.dtype
-            assert torch.equal(update, param.detach() - old)
+            expected = param.detach() - old
+            assert torch.equal(update, expected)
+            assert torch.equal(update.signbit(), expected.signbit())  # equal calls -0.0 0.0
+        assert not updates[-1].signbit().any()
         assert snapshot.updates(params) is None  # one reading per copy taken
         if step in (1, 3):  # the same memory as the step before
             assert kept == previous

@@ -210,6 +210,25 @@ def test_frame_has_the_contract_columns_and_custom_ones():
     assert weight["hist"].dtype.name == "int64"
 
 
+def test_a_custom_stat_that_returns_a_view_keeps_the_values_it_saw():
+    # float64 needs no conversion, so a view of the activation would reach the flush, after
+    # the in-place ReLU overwrote it, were the values not copied when they are kept.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(inplace=True)).double()
+    seen = []
+
+    def head(tensor):
+        seen.append(tensor.reshape(-1)[:4].clone())
+        return tensor.reshape(-1)[:4]
+
+    with layerscope.watch(model, every=1, stats=["mean", {"head": head}]) as scope:
+        model(torch.randn(3, 4, dtype=torch.float64)).sum().backward()
+        scope.step()
+    row = scope.frame().query("module == '0' and kind == 'activation'").iloc[0]
+    assert (seen[0] < 0).any()  # the ReLU changes these values after the hook
+    assert list(row["head"]) == pytest.approx(seen[0].tolist(), rel=1e-12)
+
+
 def test_all_default_columns_present_even_when_nothing_was_recorded():
     scope = layerscope.watch(_mlp(), every=Schedule(start=10))
     scope.close()

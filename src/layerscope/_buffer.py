@@ -96,7 +96,9 @@ class DeviceRows:
 
     def add_values(self, values: Tensor) -> tuple[int, int]:
         """Store loose values (any shape, flattened); return their offset and length."""
-        flat = values.detach().reshape(-1).to(device=self.device, dtype=torch.float64)
+        # A copy, always: a float64 value on this device would otherwise stay a view of
+        # memory that training may change in place before the flush.
+        flat = values.detach().reshape(-1).to(device=self.device, dtype=torch.float64, copy=True)
         offset = self._values_size
         self._values.append(flat)
         self._values_size += flat.numel()

@@ -7,6 +7,7 @@ the buffers' copy to the host and hands the batch to the writer thread. It never
 
 from __future__ import annotations
 
+import numbers
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -108,6 +109,7 @@ class Recorder:
         A tensor already recorded since the last flush, and not modified since, shares that
         row: a module's input is usually the output of the module before it.
         """
+        _check_strided(tensor)
         seen = self._seen.get(id(tensor))
         if seen is not None and seen.tensor() is tensor and seen.version == _version(tensor):
             buffer_id, index, custom = seen.buffer_id, seen.row, seen.custom
@@ -150,6 +152,7 @@ class Recorder:
         """
         if not tensor.is_floating_point() or tensor.numel() == 0:
             return
+        _check_strided(tensor)
         buffer_id, rows = self._rows_on(tensor.device)
         pair = rows.add_extremes(tensor)
         code = self._identity_code(target, kind, name, call, phase)
@@ -188,7 +191,7 @@ class Recorder:
                 buffer_id, rows = self._rows_on(value.device)
                 offset, _ = rows.add_values(value)
                 self.scalars.append((step, name, (buffer_id, offset)))
-            elif isinstance(value, int | float):
+            elif isinstance(value, int | float | numbers.Real):  # numpy scalars too
                 self.scalars.append((step, name, float(value)))
             else:
                 raise TypeError(
@@ -210,16 +213,22 @@ class Recorder:
 
     def flush(self, final: bool) -> None:
         """Start the copy of what the buffers hold to the host; ``final`` ends a step."""
-        copies = {
-            buffer_id: rows.take()
-            for buffer_id, rows in self.buffers.values()
-            if rows.has_content()
-        }
-        self.pipeline.submit(Batch(self.readings, copies, self.scalars, final, self.extremes))
-        self.readings, self.scalars, self.extremes = Readings(), [], []
-        self._seen.clear()  # row indices start again in the emptied buffers
-        self.partial = not final
-        self.last_flush = time.monotonic()
+        try:
+            copies = {
+                buffer_id: rows.take()
+                for buffer_id, rows in self.buffers.values()
+                if rows.has_content()
+            }
+            self.pipeline.submit(Batch(self.readings, copies, self.scalars, final, self.extremes))
+        except Exception:
+            waiting = len(self.readings) + len(self.extremes) + len(self.scalars)
+            self.pipeline.dropped_rows += waiting
+            raise
+        finally:  # sent or dropped, they are gone: the next readings start afresh
+            self.readings, self.scalars, self.extremes = Readings(), [], []
+            self._seen.clear()  # row indices start again in the emptied buffers
+            self.partial = not final
+            self.last_flush = time.monotonic()
 
     def _custom_stats(self, rows: DeviceRows, tensor: Tensor) -> tuple[CustomRef, ...]:
         if not tensor.is_floating_point():
@@ -248,3 +257,9 @@ class Recorder:
             entry = (len(self.buffers), DeviceRows(device, slots))
             self.buffers[device] = entry
         return entry
+
+
+def _check_strided(tensor: Tensor) -> None:
+    """Sparse and other non-dense layouts have no memory of values to read as it is."""
+    if tensor.layout is not torch.strided:
+        raise TypeError(f"a {tensor.layout} tensor is not read: only dense ones are")

@@ -264,6 +264,8 @@ class Scope:
             if self._recorder.has_pending():
                 self._recorder.flush(final=True)
             self._send_calls()
+        except Exception as error:
+            self._fail("flushing the last step", error)
         finally:
             self._hooks.remove()
             self._call_order_hooks.remove()
@@ -412,7 +414,10 @@ class Scope:
             record = self._recorder.record if self._recording else self._recorder.record_extremes
             if Kind.ACTIVATION in self._kinds:
                 for name, tensor in named_tensors(output, "out"):
-                    record(self._step, target, Kind.ACTIVATION, name, call, phase, tensor)
+                    try:  # one output that cannot be read must not cost the others theirs
+                        record(self._step, target, Kind.ACTIVATION, name, call, phase, tensor)
+                    except Exception as error:
+                        self._fail(f"reading {name!r} of {target.name!r}", error)
             if Kind.GRAD in self._kinds and phase == TRAIN:
                 hooked = self._hook_grads(target, call, output)
                 if not hooked and not torch.is_grad_enabled():
@@ -531,13 +536,14 @@ class Scope:
         if kind not in self._kinds:
             return
         owned = self._module_buffers if kind is Kind.BUFFER else self._params
-        try:
-            for tensor, owners in owned:
+        for tensor, owners in owned:
+            try:  # one tensor that cannot be read must not cost the others theirs
                 value = tensor.grad if kind is Kind.WEIGHT_GRAD else tensor
                 if value is not None:
                     self._record_owned(kind, owners, value)
-        except Exception as error:
-            self._fail(f"reading {kind.value}", error)
+            except Exception as error:
+                owner = owners[0]
+                self._fail(f"reading {kind.value} {owner.tensor!r} of {owner.module!r}", error)
 
     def _record_owned(self, kind: Kind, owners: Sequence[Owner], tensor: Tensor) -> None:
         first = owners[0]
@@ -551,7 +557,10 @@ class Scope:
     def _end_step(self) -> None:
         recorder = self._recorder
         if (self._recording and recorder.has_pending()) or recorder.unrecorded_due():
-            recorder.flush(final=True)
+            try:
+                recorder.flush(final=True)
+            except Exception as error:
+                self._fail("flushing a step", error)
         if self._calls_step == self._step:
             self._calls_open = False
             self._send_calls()

@@ -40,9 +40,15 @@ class UpdateSnapshot:
         self._taken = False
         with torch.no_grad():
             before = self._before
-            _each(torch._foreach_sub_, Tensor.sub_, before, [param.detach() for param in params])
-            for update in before:  # -(before - after) is after - before, bit for bit
-                update.neg_()
+            after = [param.detach() for param in params]
+            # -before + after is after - before bit for bit, +0.0 where nothing moved
+            # (-(before - after) would make that -0.0)
+            if _plain(before):
+                torch._foreach_neg_(before)
+            else:
+                for update in before:
+                    update.neg_()
+            _each(torch._foreach_add_, Tensor.add_, before, after)
         return before
 
     def release(self) -> None:
@@ -61,11 +67,15 @@ def _each(
 
     Tensor subclasses (DTensor and other wrappers) may lack ``_foreach`` kernels.
     """
-    if all(type(t) is Tensor for t in targets) and all(type(v) is Tensor for v in values):
+    if _plain(targets) and _plain(values):
         foreach(targets, values)
     else:
         for target, value in zip(targets, values, strict=True):
             single(target, value)
+
+
+def _plain(tensors: list[Tensor]) -> bool:
+    return all(type(t) is Tensor for t in tensors)
 
 
 def _same_layout(kept: Tensor, value: Tensor) -> bool:

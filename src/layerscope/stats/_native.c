@@ -383,20 +383,22 @@ static int range_extremes(const void* data, int dtype, int64_t begin, int64_t en
                           float* hi) {
     float widened[BLOCK];
     float low = INFINITY, high = -INFINITY;
-    int32_t nans = 0;
+    int any_nan = 0;
     for (int64_t start = begin; start < end; start += BLOCK) {
         int64_t n = end - start < BLOCK ? end - start : BLOCK;
         const float* x = block_floats(data, dtype, start, n, widened);
+        int32_t nans = 0; /* per block: a count over the whole range could overflow */
 #pragma omp simd reduction(min : low) reduction(max : high) reduction(+ : nans)
         for (int64_t i = 0; i < n; i++) {
             low = x[i] < low ? x[i] : low; /* a NaN compares false: counted apart */
             high = x[i] > high ? x[i] : high;
             nans += x[i] != x[i];
         }
+        any_nan |= nans > 0;
     }
     *lo = low;
     *hi = high;
-    return nans > 0;
+    return any_nan;
 }
 
 /* The sentinel's reading of n > 0 values: out[0] = minimum, out[1] = maximum, both NaN if one
