@@ -13,7 +13,7 @@ class Schedule:
     watched activation and gradient, one reduction per tensor, so that a NaN, an Inf or a
     spike between recorded steps is seen at the step and layer where it happened. On a GPU
     that is a few microseconds of kernel launches a step; on a CPU it is a pass over every
-    activation and gradient, 2% to 16% of a step in BENCHMARKS.md. So by default
+    activation and gradient, 5% to 15% of a step in BENCHMARKS.md. So by default
     (``sentinel=None``) it runs where the model's parameters are on an accelerator, not on
     the CPU; ``True`` and ``False`` turn it on and off everywhere.
 
