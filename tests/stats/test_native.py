@@ -25,7 +25,7 @@ from stats_reference import (
 )
 
 from layerscope.stats import WIDTH, Field, Log2Histogram, _native, finalize, tensor_partials
-from layerscope.stats._partials import write_partials
+from layerscope.stats._partials import _native_input, write_partials
 
 pytestmark = pytest.mark.skipif(
     _native.library() is None, reason="no C compiler here: the torch kernels do the work"
@@ -172,14 +172,28 @@ def test_bfloat16_is_read_as_it_is_and_as_float32_alike():
     assert torch.equal(direct[1], widened[1])
 
 
-def test_float16_and_strided_tensors_take_the_kernel_through_a_copy():
-    x = torch.randn(300, 400)
-    for view in (x.t(), x[:, ::3], x.half()):
-        row, hist = tensor_partials(view, Log2Histogram())
-        a = values_of(view)
-        np.testing.assert_array_equal(hist.numpy(), log2_reference(a))
-        assert row[Field.MIN].item() == a.min()
-        assert row[Field.MAX].item() == a.max()
+@pytest.mark.parametrize(
+    ("view", "in_place"),
+    [
+        (lambda x: x.t(), True),  # a permutation of contiguous memory: read where it lies
+        (lambda x: x.reshape(6, 50, 400).permute(2, 0, 1), True),
+        (lambda x: x[:1].t(), True),  # size-1 dimensions have any stride
+        (lambda x: x[:, ::3], False),  # gaps
+        (lambda x: x[:, :1].expand(300, 7), False),  # repeats
+        (lambda x: x.half(), False),
+    ],
+)
+def test_views_are_read_in_place_where_their_values_fill_their_memory(view, in_place):
+    x = torch.from_numpy(_values("specials_everywhere", 120_000, np.random.default_rng(5)))
+    v = view(x.float().reshape(300, 400))
+    assert (_native._readable(_native_input(v)) is _native_input(v)) == in_place
+    row, hist = tensor_partials(v, Log2Histogram())
+    a = values_of(v)
+    want = reference_row(a)
+    for field in EXACT_FIELDS:
+        assert row[field].item() == want[field], field.name
+    np.testing.assert_array_equal(hist.numpy(), log2_reference(a))
+    check_stats(row_stats(finalize(row[None]), 0), reference_stats(a))
 
 
 @pytest.mark.parametrize("histogram", [Log2Histogram(), None])

@@ -118,10 +118,26 @@ def extremes_into(x: Tensor, pairs: Tensor, index: int) -> None:
 
 
 def _readable(x: Tensor) -> Tensor:
-    """``x`` with its values laid out in its own memory, in order."""
-    if not x.is_contiguous() or x.is_neg():  # a negative view's memory holds -x
+    """``x``, or a copy, whose ``numel()`` values fill its memory from ``data_ptr()`` on.
+
+    The order does not matter to statistics: a transpose or another permutation of a
+    contiguous tensor (attention's batch-first output) is read where it lies, uncopied.
+    """
+    if x.is_neg() or not (x.is_contiguous() or _dense(x)):  # a negative view's memory holds -x
         return x.detach().resolve_neg().contiguous()
     return x
+
+
+def _dense(x: Tensor) -> bool:
+    """Whether ``x``'s values fill one block of memory, without gaps or repeats."""
+    expected = 1
+    for stride, size in sorted(zip(x.stride(), x.shape, strict=True)):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _load() -> ctypes.CDLL | None:
