@@ -12,7 +12,8 @@ torch kernel instead (LAYERSCOPE_NATIVE=0), whose compiler is a one-off cost of 
 trains unwatched after writing one small Parquet file: the fixed cost of writing Parquet at
 all (pyarrow, its writer, lz4, Arrow's thread pools). Writing does not load pandas. Watched
 runs write to a run directory, as a long run would; an in-memory run (``run=None``) keeps
-every row, by design.
+every row, by design. One configuration records and drops the rows (a ``NullSink`` where the
+in-memory run's sink would be): the cost of recording, without a store.
 """
 
 from __future__ import annotations
@@ -29,13 +30,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 from report import replace_section
 
 STEPS = {"cnn": 400, "gpt": 40, "mlp": 120}
-# name: (watch options or None, environment, import the store's libraries first)
-CONFIGS: dict[str, tuple[str | None, dict[str, str], bool]] = {
-    "unwatched": (None, {}, False),
-    "unwatched, after writing one small Parquet file": (None, {}, True),
-    "defaults": ("dict()", {}, False),
-    "full, every step": ("dict(every=1)", {}, False),
-    "full, every step, compiled torch kernel": ("dict(every=1)", {"LAYERSCOPE_NATIVE": "0"}, False),
+# name: (watch options or None, environment, import the store's libraries first, keep rows)
+CONFIGS: dict[str, tuple[str | None, dict[str, str], bool, bool]] = {
+    "unwatched": (None, {}, False, True),
+    "unwatched, after writing one small Parquet file": (None, {}, True, True),
+    "defaults": ("dict()", {}, False, True),
+    "full, every step": ("dict(every=1)", {}, False, True),
+    "full, every step, rows discarded (no store)": ("dict(every=1)", {}, False, False),
+    "full, every step, compiled torch kernel": (
+        "dict(every=1)",
+        {"LAYERSCOPE_NATIVE": "0"},
+        False,
+        True,
+    ),
 }
 
 CHILD = """
@@ -60,6 +67,11 @@ model = workload.make_model()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 options = {options}
 run = tempfile.mkdtemp() + "/run"  # to disk, as a long run would: memory holds no rows
+if not {keep}:  # recording alone: the rows go nowhere, and no store is loaded
+    import layerscope._scope
+    from layerscope.sinks import NullSink
+    layerscope._scope.MemorySink = NullSink
+    run = None
 scope = None
 if options is not None:
     scope = layerscope.watch(model, optimizer=optimizer, run=run, **options)
@@ -82,13 +94,14 @@ print(json.dumps(dict(peak=peak, training=training, early=early, end=end)))
 
 
 def run(workload: str, config: str) -> dict[str, float]:
-    options, extra, preload = CONFIGS[config]
+    options, extra, preload, keep = CONFIGS[config]
     code = CHILD.format(
         benchmarks=str(Path(__file__).parent),
         workload=workload,
         options=options,
         steps=STEPS[workload],
         preload=preload,
+        keep=keep,
     )
     environment = {**os.environ, **extra}
     out = subprocess.run(
