@@ -94,6 +94,47 @@ def test_ddp_wrapped_model_is_named_as_the_inner_model(tmp_path):
         dist.destroy_process_group()
 
 
+def _ddp_rank(rank: int, directory: str, with_optimizer: bool) -> None:
+    import torch.distributed as dist
+
+    store = dist.FileStore(f"{directory}/store", 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        scope = layerscope.watch(
+            ddp,
+            optimizer=optimizer if with_optimizer else None,
+            every=1,
+            capture=("weight_grad",),
+        )
+        torch.manual_seed(100 + rank)  # each rank its own data: local gradients differ
+        ddp(torch.randn(8, 4)).pow(2).sum().backward()
+        reduced = {name: p.grad.clone() for name, p in model.named_parameters()}
+        optimizer.step()
+        optimizer.zero_grad()
+        scope.step()
+        scope.close()
+        recorded = scope.frame().set_index(["module", "tensor"])
+        for name, grad in reduced.items():
+            row = recorded.loc[tuple(name.split("."))]
+            assert row["mean"] == pytest.approx(grad.double().mean().item(), rel=1e-12)
+            assert row["max"] == grad.max().item()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("with_optimizer", [False, True])
+def test_ddp_weight_grads_are_read_after_the_all_reduce(tmp_path, with_optimizer):
+    # Without an optimizer the read waits for the end of backward, where DDP's own callback
+    # writes the averaged gradients back; it must run after that one.
+    import torch.multiprocessing as mp
+
+    mp.spawn(_ddp_rank, args=(str(tmp_path), with_optimizer), nprocs=2)
+
+
 def test_hugging_face_model_outputs_are_named_by_field():
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=50, n_positions=16)

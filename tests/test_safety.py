@@ -259,6 +259,33 @@ def test_a_failing_flush_drops_that_step_with_a_warning_and_training_goes_on(mon
         assert torch.equal(a, b)
 
 
+def test_a_module_returning_its_parameter_leaves_no_hook_on_it():
+    class Table(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(torch.randn(4, 8))
+
+        def forward(self, x):
+            return self.table  # a leaf: a hook on it would stay for good, one per call
+
+    model = nn.Sequential(Table(), nn.Linear(8, 2))
+    scope = layerscope.watch(model, every=1)
+    for _ in range(3):
+        model(None).sum().backward()
+        scope.step()
+    scope.close()
+    frame = scope.frame()
+    assert not model[0].table._backward_hooks
+    collected = weakref.ref(scope)
+    del scope
+    gc.collect()
+    assert collected() is None
+    table = frame[frame.module == "0"]
+    # read once a step, where it accumulates; no output gradient of its own
+    assert table[table.kind == "weight_grad"].numel.tolist() == [32, 32, 32]
+    assert set(table.kind) == {"activation", "weight", "weight_grad"}
+
+
 def test_a_numpy_scalar_is_a_scalar():
     model = nn.Linear(2, 1)
     with layerscope.watch(model, every=1) as scope:

@@ -443,7 +443,9 @@ class Scope:
     def _hook_grads(self, target: Target, call: int, output: Any) -> bool:
         hooked = False
         for name, tensor in named_tensors(output, "out"):
-            if tensor.requires_grad:
+            # A leaf (a parameter returned as it is) would keep its hook for good, one more
+            # each call; its gradient is read where it accumulates, as weight_grad.
+            if tensor.requires_grad and not tensor.is_leaf:
                 tensor.register_hook(partial(self._on_grad, target, name, call))  # type: ignore[no-untyped-call]  # untyped in torch
                 hooked = True
         return hooked
@@ -474,6 +476,12 @@ class Scope:
             queue_at_backward_end(self._on_backward_end)
 
     def _on_backward_end(self) -> None:
+        # Queued at the first gradient, this runs before callbacks queued later in the pass,
+        # such as DDP's, which writes the all-reduced gradients back when its last bucket is
+        # done. Queued again from here, the read runs after all of them.
+        queue_at_backward_end(self._read_grads_after_backward)
+
+    def _read_grads_after_backward(self) -> None:
         self._grad_read_queued = False
         # Each backward pass overwrites the last: after the final micro-batch, the reading is
         # of the accumulated gradient.
