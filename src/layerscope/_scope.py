@@ -113,7 +113,9 @@ class Scope:
         main: Sink = store
         if store is None:
             main = self._memory = MemorySink()
-        self._sink = FanOut([main, *sinks])
+        # The store starts last: a sink that fails to start then leaves no run directory
+        # behind to block a retry at the same path.
+        self._sink = FanOut([*sinks, main])
         self._started = time.time()
         self._sink.start(self._run_info(store))
         self._pipeline = Pipeline(

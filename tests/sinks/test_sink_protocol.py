@@ -80,3 +80,34 @@ def test_a_failing_sink_warns_once_and_training_and_other_sinks_go_on():
     assert "sink is down" in str(ours[0].message)
     assert scope.failures >= 2
     assert len(scope.frame()) == 12  # the in-memory record is whole
+
+
+def test_a_failing_sink_does_not_cost_the_sinks_after_it_their_rows():
+    class Broken(Recording):
+        def write(self, records):
+            raise RuntimeError("sink is down")
+
+    after = Recording()
+    with pytest.warns(LayerscopeWarning, match="sink is down"):
+        _two_steps([Broken(), after])
+    writes = [call for call in after.calls if call[0] == "write"]
+    assert sum(call[1] for call in writes) == 12
+    assert after.calls[-1][0:2] == ("close", "finished")
+
+
+def test_a_sink_failing_to_start_closes_those_started_and_leaves_no_run(tmp_path):
+    class Unreachable(Recording):
+        def start(self, info):
+            raise ConnectionError("cannot reach the tracking server")
+
+    started = Recording()
+    model = nn.Linear(3, 2)
+    with pytest.raises(ConnectionError):
+        layerscope.watch(model, run=tmp_path / "run", sinks=[started, Unreachable()])
+    assert [call[:2] for call in started.calls] == [("start", "run"), ("close", "failed")]
+    assert not (tmp_path / "run").exists()
+    assert not model._forward_hooks
+    with layerscope.watch(model, run=tmp_path / "run") as scope:  # the path is still free
+        model(torch.ones(1, 3)).sum().backward()
+        scope.step()
+    assert layerscope.load(tmp_path / "run").meta["status"] == "finished"

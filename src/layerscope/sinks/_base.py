@@ -8,7 +8,9 @@ hot path; a sink imports its heavy packages in ``start``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -86,34 +88,55 @@ class NullSink:
 
 
 class FanOut:
-    """Several sinks as one, so the writer never asks which ones exist."""
+    """Several sinks as one, so the writer never asks which ones exist.
+
+    Each sink is called even when one before it raised: a full disk under the store must not
+    also cost the other sinks their rows. The first error is raised once all have been called.
+    """
 
     def __init__(self, sinks: Sequence[Sink]) -> None:
         self.sinks = list(sinks)
 
     def start(self, info: RunInfo) -> None:
-        """Start every sink; if one fails, those started are closed again."""
-        for sink in self.sinks:
-            sink.start(info)
+        """Start every sink; if one fails, those started are closed again, as failed."""
+        started: list[Sink] = []
+        try:
+            for sink in self.sinks:
+                sink.start(info)
+                started.append(sink)
+        except Exception:
+            summary = RunSummary("failed", time.time(), 0, 0, 0, 1)
+            for sink in started:
+                with contextlib.suppress(Exception):  # the first error is the one to raise
+                    sink.close(summary)
+            raise
 
     def write(self, records: Records) -> None:
         """Give the records to every sink."""
-        for sink in self.sinks:
-            sink.write(records)
+        self._each(lambda sink: sink.write(records))
 
     def flush(self) -> None:
         """Flush every sink."""
-        for sink in self.sinks:
-            sink.flush()
+        self._each(lambda sink: sink.flush())
 
     def sync(self) -> None:
         """Wait for the sinks that write in the background (``sync``) to finish a flush."""
-        for sink in self.sinks:
-            wait = getattr(sink, "sync", None)
-            if wait is not None:
-                wait()
+        self._each(lambda sink: getattr(sink, "sync", _nothing)())
 
     def close(self, summary: RunSummary) -> None:
         """Close every sink."""
+        self._each(lambda sink: sink.close(summary))
+
+    def _each(self, action: Callable[[Sink], object]) -> None:
+        error: Exception | None = None
         for sink in self.sinks:
-            sink.close(summary)
+            try:
+                action(sink)
+            except Exception as raised:
+                error = error or raised
+        if error is not None:
+            raise error
+
+
+def _nothing() -> None:
+    pass
