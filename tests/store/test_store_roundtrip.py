@@ -323,6 +323,24 @@ def test_sql_joins_tables_and_reads_trimmed_histograms(tmp_path):
     assert widened.sum() == frame.iloc[0]["numel"]
 
 
+def test_sql_lists_again_when_a_segment_goes_between_listing_and_reading(tmp_path, monkeypatch):
+    # As when a run is compacted while it is queried: the first listing names a file that
+    # compaction has removed by the time DuckDB reads it.
+    _train(_model(), steps=3, run=tmp_path / "r")
+    run = layerscope.load(tmp_path / "r")
+    listed = type(run)._readable
+    gone = [str(tmp_path / "r" / "stats" / "seg-999999.parquet")]
+
+    def stale_once(self, table):
+        paths = listed(self, table)
+        return [*paths, gone.pop()] if table == "stats" and gone else paths
+
+    monkeypatch.setattr(type(run), "_readable", lambda self, table: stale_once(self, table))
+    counted = run.sql("select count(*) n from stats").n.item()
+    assert not gone  # the stale listing was used, and failed
+    assert counted == len(run.stats)
+
+
 def test_runs_lists_name_status_steps_and_start(tmp_path):
     _train(_model(), steps=2, run=tmp_path / "a")
     _train(_model(), steps=3, run=tmp_path / "b")

@@ -125,7 +125,23 @@ class Run:
 
             run.sql("select module, max(absmax) from stats where kind = 'grad' group by 1")
         """
-        connection = self._database().cursor()
+        duckdb = require("duckdb", "dataframe")
+        for attempt in range(_RETRIES):
+            connection = self._database().cursor()
+            try:
+                self._create_views(connection)
+                frame: pandas.DataFrame = connection.execute(query).df()
+                return frame
+            except (FileNotFoundError, duckdb.IOException):
+                # A run being compacted: a listed segment went before it was read. List again.
+                if attempt == _RETRIES - 1:
+                    raise
+            finally:
+                connection.close()
+        raise AssertionError("unreachable")
+
+    def _create_views(self, connection: Any) -> None:
+        """A view per table over its readable files, as the directory lists them now."""
         for table in TABLES:
             files = [self._url(path) for path in self._readable(table)]
             if files:
@@ -136,11 +152,6 @@ class Run:
                 )
             else:
                 connection.register(table, _empty(table))
-        try:
-            frame: pandas.DataFrame = connection.execute(query).df()
-        finally:
-            connection.close()
-        return frame
 
     def _database(self) -> Any:
         """One in-memory DuckDB database per Run: opening one costs ~20 ms a query."""
