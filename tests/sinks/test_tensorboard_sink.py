@@ -38,6 +38,38 @@ def test_event_file_holds_scalars_statistics_and_histograms(tmp_path):
     assert math.isclose(histogram.max, row["absmax"], rel_tol=1e-6)
 
 
+class _Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(self.lin(x))
+
+
+def test_a_module_called_twice_a_step_gets_a_tag_per_call(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = _Twice()
+    sink = layerscope.sinks.TensorBoard(tmp_path, stats="absmax")  # one name, not its letters
+    watch = layerscope.watch(model, every=1, sinks=[sink], capture=("activation",))
+    with watch as scope:
+        for _ in range(2):
+            model(torch.randn(3, 4)).sum().backward()
+            scope.step()
+    frame = scope.frame().query("module == 'lin'")
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    assert {"train/activation/lin/out/absmax", "train/activation/lin/out#1/absmax"} <= set(
+        events.Tags()["scalars"]
+    )
+    for call, tensor in ((0, "out"), (1, "out#1")):
+        logged = events.Scalars(f"train/activation/lin/{tensor}/absmax")
+        rows = frame[frame.call == call].sort_values("step")
+        assert [e.step for e in logged] == rows.step.tolist() == [0, 1]
+        assert [e.value for e in logged] == pytest.approx(rows.absmax.tolist(), rel=1e-6)
+
+
 def test_tensorboard_needs_its_extra(monkeypatch):
     import sys
 

@@ -14,7 +14,8 @@ from layerscope.sinks._base import Records, RunInfo, RunSummary
 class TensorBoard:
     """Writes each recorded tensor's statistics as TensorBoard scalars and its histogram.
 
-    Tags read ``{phase}/{kind}/{module}/{tensor}/{stat}``; the root module is ``<root>``.
+    Tags read ``{phase}/{kind}/{module}/{tensor}/{stat}``; the root module is ``<root>``, and
+    a module's second and later calls in a step add ``#{call}`` to the tensor (``out#1``).
     A log2 histogram shows as a histogram of ``|x|`` over its power-of-two bins. Scalars from
     ``scope.step(**scalars)`` keep their own names. Needs ``layerscope[tensorboard]``.
 
@@ -36,7 +37,7 @@ class TensorBoard:
         histograms: bool = True,
     ) -> None:
         self.logdir = os.fspath(logdir)
-        self.stats = tuple(stats)
+        self.stats = (stats,) if isinstance(stats, str) else tuple(stats)
         self.histograms = histograms
         self._writer: Any = None
         self._edges: list[float] | None = None
@@ -66,7 +67,9 @@ class TensorBoard:
         for row in range(len(chunk)):
             module = columns["module"][row] or "<root>"
             phase, kind = columns["phase"][row], columns["kind"][row]
-            tag = f"{phase}/{kind}/{module}/{columns['tensor'][row]}"
+            call = columns["call"][row]
+            tensor = columns["tensor"][row] + (f"#{call}" if call else "")
+            tag = f"{phase}/{kind}/{module}/{tensor}"
             for name, column in values.items():
                 value = column[row]
                 if value is not None and not (isinstance(value, float) and math.isnan(value)):
