@@ -65,6 +65,9 @@ def test_schedule_records_dense_then_sparse_steps():
         Schedule(every=0)
     with pytest.raises(ValueError, match="stop"):
         Schedule(start=5, stop=2)
+    for stop in (True, 2.5):
+        with pytest.raises(TypeError, match="stop"):
+            Schedule(stop=stop)
 
 
 def test_every_n_records_only_those_steps_and_counts_all_steps():

@@ -55,8 +55,11 @@ class Schedule:
                 f"Schedule: start and dense must be >= 0, got start={self.start}, "
                 f"dense={self.dense}"
             )
-        if self.stop is not None and (not isinstance(self.stop, int) or self.stop < self.start):
-            raise ValueError(f"Schedule: stop must be an int >= start, got {self.stop!r}")
+        stop = self.stop
+        if stop is not None and (not isinstance(stop, int) or isinstance(stop, bool)):
+            raise TypeError(f"Schedule: stop must be None or an int, got {stop!r}")
+        if stop is not None and stop < self.start:
+            raise ValueError(f"Schedule: stop must be >= start, got {self.stop!r}")
 
     def records(self, step: int) -> bool:
         """Whether ``step`` gets full statistics."""

@@ -4,6 +4,7 @@ import copy
 import errno
 import itertools
 import json
+import math
 import threading
 import time
 import warnings
@@ -370,6 +371,24 @@ def test_store_arguments_are_checked():
         ParquetStore("x", flush_seconds=0)
     with pytest.raises(TypeError, match="run"):
         layerscope.watch(_model(), run=3)
+    with pytest.raises(ValueError, match=r"run: .*empty"):
+        ParquetStore("")
+    with pytest.raises(TypeError, match="flush_steps"):
+        ParquetStore("x", flush_steps=True)
+    with pytest.raises(TypeError, match="flush_seconds"):
+        ParquetStore("x", flush_seconds="5")
+    with pytest.raises(ValueError, match="flush_seconds"):
+        ParquetStore("x", flush_seconds=math.nan)
+    with pytest.raises(TypeError, match="queue_size"):
+        ParquetStore("x", queue_size=2.0)
+
+
+def test_a_run_directory_that_cannot_be_made_fails_at_watch_naming_run(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    model = _model()
+    with pytest.raises(OSError, match="run: cannot make the run directory"):
+        layerscope.watch(model, run=tmp_path / "file" / "run")
+    assert not any(m._forward_hooks for m in model.modules())
 
 
 def test_frames_have_matching_dtypes_for_analysis(tmp_path):

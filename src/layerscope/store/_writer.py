@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import os
 import platform
 import socket
@@ -83,12 +84,14 @@ class ParquetStore:
     ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise TypeError(f"run: expected a path or URL, got {type(path).__name__}")
-        if not isinstance(flush_steps, int) or flush_steps < 1:
-            raise ValueError(f"flush_steps: expected an int >= 1, got {flush_steps!r}")
-        if not flush_seconds > 0:
+        if not os.fspath(path):
+            raise ValueError("run: expected a path or URL, got an empty string")
+        _check_count("flush_steps", flush_steps)
+        if isinstance(flush_seconds, bool) or not isinstance(flush_seconds, int | float):
+            raise TypeError(f"flush_seconds: expected a number of seconds, got {flush_seconds!r}")
+        if not 0 < flush_seconds < math.inf:
             raise ValueError(f"flush_seconds: expected seconds > 0, got {flush_seconds!r}")
-        if not isinstance(queue_size, int) or queue_size < 1:
-            raise ValueError(f"queue_size: expected an int >= 1, got {queue_size!r}")
+        _check_count("queue_size", queue_size)
         self.queue_size = queue_size
         self.path = os.fspath(path)
         self.flush_steps = flush_steps
@@ -120,9 +123,12 @@ class ParquetStore:
                 f"run: {self.path} already holds a run; layerscope never overwrites one. "
                 f"Pass a new directory."
             )
-        for table in SEGMENTED_TABLES:
-            self._fs.makedirs(self._join(table), exist_ok=True)
-            self._segments[table] = next_segment(self._list(table))
+        try:
+            for table in SEGMENTED_TABLES:
+                self._fs.makedirs(self._join(table), exist_ok=True)
+                self._segments[table] = next_segment(self._list(table))
+        except OSError as error:  # before training: better said now than dropped later
+            raise OSError(f"run: cannot make the run directory {self.path}: {error}") from error
         self._meta = {
             "schema": SCHEMA_VERSION,
             "id": info.id,
@@ -367,6 +373,13 @@ class ParquetStore:
 
     def _join(self, relative: str) -> str:
         return f"{self._root.rstrip('/')}/{relative}"
+
+
+def _check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int >= 1, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
 
 
 def _conform(table: Any, schema: Any) -> Any:
