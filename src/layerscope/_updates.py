@@ -43,11 +43,7 @@ class UpdateSnapshot:
             after = [param.detach() for param in params]
             # -before + after is after - before bit for bit, +0.0 where nothing moved
             # (-(before - after) would make that -0.0)
-            if _plain(before):
-                torch._foreach_neg_(before)
-            else:
-                for update in before:
-                    update.neg_()
+            _each(torch._foreach_neg_, Tensor.neg_, before)
             _each(torch._foreach_add_, Tensor.add_, before, after)
         return before
 
@@ -58,24 +54,17 @@ class UpdateSnapshot:
 
 
 def _each(
-    foreach: Callable[[list[Tensor], list[Tensor]], object],
-    single: Callable[[Tensor, Tensor], object],
-    targets: list[Tensor],
-    values: list[Tensor],
+    foreach: Callable[..., object], single: Callable[..., object], *lists: list[Tensor]
 ) -> None:
-    """``foreach(targets, values)`` on plain tensors, else one ``single`` call per pair.
+    """``foreach(*lists)`` on plain tensors, else one ``single`` call per tensor (or pair).
 
     Tensor subclasses (DTensor and other wrappers) may lack ``_foreach`` kernels.
     """
-    if _plain(targets) and _plain(values):
-        foreach(targets, values)
+    if all(type(t) is Tensor for tensors in lists for t in tensors):
+        foreach(*lists)
     else:
-        for target, value in zip(targets, values, strict=True):
-            single(target, value)
-
-
-def _plain(tensors: list[Tensor]) -> bool:
-    return all(type(t) is Tensor for t in tensors)
+        for tensors in zip(*lists, strict=True):
+            single(*tensors)
 
 
 def _same_layout(kept: Tensor, value: Tensor) -> bool:

@@ -126,22 +126,24 @@ class Run:
             run.sql("select module, max(absmax) from stats where kind = 'grad' group by 1")
         """
         duckdb = require("duckdb", "dataframe")
-        for attempt in range(_RETRIES):
-            connection = self._database().cursor()
+        for _ in range(_RETRIES - 1):
             try:
-                self._create_views(connection)
-                frame: pandas.DataFrame = connection.execute(query).df()
-                return frame
+                return self._query(query)
             except (FileNotFoundError, duckdb.IOException):
-                # A run being compacted: a listed segment went before it was read. List again.
-                if attempt == _RETRIES - 1:
-                    raise
-            finally:
-                connection.close()
-        raise AssertionError("unreachable")
+                continue  # a run being compacted: a listed segment went before it was read
+        return self._query(query)
+
+    def _query(self, query: str) -> pandas.DataFrame:
+        """``query`` over a view per table of the files the directory lists now."""
+        connection = self._database().cursor()
+        try:
+            self._create_views(connection)
+            frame: pandas.DataFrame = connection.execute(query).df()
+        finally:
+            connection.close()
+        return frame
 
     def _create_views(self, connection: Any) -> None:
-        """A view per table over its readable files, as the directory lists them now."""
         for table in TABLES:
             files = [self._url(path) for path in self._readable(table)]
             if files:
