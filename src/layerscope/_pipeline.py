@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from layerscope._errors import FailureCounter
+from layerscope._ranks import ProcessRank
 from layerscope._table import (
     Batch,
     Identities,
@@ -59,7 +60,7 @@ class Pipeline:
         self,
         sink: Sink,
         *,
-        rank: int,
+        place: ProcessRank,
         selection: StatSelection,
         identities: Identities,
         failures: FailureCounter,
@@ -70,7 +71,7 @@ class Pipeline:
         self.sink = sink
         self.recorded_rows = 0
         self.dropped_rows = 0
-        self._rank = rank
+        self._place = place
         self._selection = selection
         self._identities = identities
         self._failures = failures
@@ -166,7 +167,7 @@ class Pipeline:
             sentinel, self._sentinel_carry = sentinel_chunk(
                 batches,
                 arrivals,
-                self._rank,
+                self._place.rank,
                 self._selection,
                 self._identities,
                 self._sentinel_carry,
@@ -181,7 +182,7 @@ class Pipeline:
         self._carry = None if final else merged
         stats = None
         if final and merged is not None:
-            stats = finalize_merged(merged, self._rank, self._selection, self._identities)
+            stats = finalize_merged(merged, self._place.rank, self._selection, self._identities)
             self.recorded_rows += len(stats)
         # The recorded steps' rows first: a failure writing the sentinel's must not cost them.
         if stats is not None or scalars:

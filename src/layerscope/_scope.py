@@ -28,6 +28,7 @@ from layerscope._imports import require
 from layerscope._kinds import Kind
 from layerscope._modules import CallEvent, ModuleInfo, module_tree
 from layerscope._pipeline import Pipeline
+from layerscope._ranks import ProcessRank
 from layerscope._recorder import Owner, Recorder, Target
 from layerscope._schedule import Schedule
 from layerscope._select import select, unwrap
@@ -70,7 +71,7 @@ class Scope:
         self._optimizer = optimizer
         self._kinds = config.kinds
         self._schedule: Schedule = config.schedule
-        self._rank = _rank()
+        self._place = ProcessRank()  # the rank is asked for when first needed
         self._failures = FailureCounter()
 
         self._step = 0
@@ -120,7 +121,7 @@ class Scope:
         self._sink.start(self._run_info(store))
         self._pipeline = Pipeline(
             self._sink,
-            rank=self._rank,
+            place=self._place,
             selection=config.stats,
             identities=self._identities,
             failures=self._failures,
@@ -610,7 +611,7 @@ class Scope:
             id=uuid.uuid4().hex,
             name=name,
             started=self._started,
-            rank=self._rank,
+            place=self._place,
             config=self.config.to_dict(),
             modules=self._modules,
             histogram_edges=self.config.histogram_edges(),
@@ -674,9 +675,3 @@ def _inputs(args: Any, kwargs: Any) -> Iterator[tuple[str, Tensor]]:
 def _patterns(patterns: Sequence[Any]) -> list[str]:
     return [pattern.pattern for pattern in patterns]
 
-
-def _rank() -> int:
-    distributed = torch.distributed
-    if distributed.is_available() and distributed.is_initialized():
-        return int(distributed.get_rank())
-    return 0

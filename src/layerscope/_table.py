@@ -40,11 +40,11 @@ from layerscope._readings import (
 from layerscope.stats import WIDTH, StatSelection, finalize, merge_groups
 
 KEY_COLUMNS = ("step", "phase", "rank", "module", "module_type", "kind", "tensor", "call")
-META_COLUMNS = ("sentinel", "dtype", "shape", "numel")
+META_COLUMNS = ("sentinel", "dtype", "shape", "shard", "numel")
 #: What a sentinel row holds besides its keys; its other statistics are missing.
 SENTINEL_STATS = ("numel", "min", "max", "absmax")
 IDENTITY_COLUMNS = ("phase", "module", "module_type", "kind", "tensor", "call")
-FORM_COLUMNS = ("dtype", "shape")
+FORM_COLUMNS = ("dtype", "shape", "shard")
 
 
 class Identity(NamedTuple):
@@ -59,10 +59,15 @@ class Identity(NamedTuple):
 
 
 class Form(NamedTuple):
-    """The dtype and shape of a reading; a merged row shows its first reading's."""
+    """The dtype and shape of a reading; a merged row shows its first reading's.
+
+    ``shard`` is ``"i/n"`` for this process's shard of a sharded tensor (a DTensor of FSDP2
+    or tensor parallelism), whose statistics are of the local shard alone; None otherwise.
+    """
 
     dtype: str
     shape: tuple[int, ...]
+    shard: str | None = None
 
     @property
     def has_histogram(self) -> bool:

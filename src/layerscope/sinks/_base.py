@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from layerscope._modules import CallEvent, ModuleInfo
+from layerscope._ranks import ProcessRank
 from layerscope._table import Chunk
 
 
@@ -25,10 +26,15 @@ class RunInfo:
     id: str
     name: str
     started: float  # seconds since the epoch
-    rank: int
+    place: ProcessRank  # rank and world size, fixed when first asked for
     config: dict[str, Any]
     modules: list[ModuleInfo]
     histogram_edges: list[float] | None  # lower edge of each histogram slot, for readers
+
+    @property
+    def rank(self) -> int:
+        """This process's rank; asking fixes it, so ask when it is first needed, not before."""
+        return self.place.rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +44,12 @@ class RunSummary:
     status: str  # "finished" or "failed"
     ended: float
     steps: int
-    recorded_rows: int
-    dropped_rows: int
+    recorded_rows: int  # rows of the stats table
+    dropped_rows: int  # rows of the stats table lost on the way (a full queue, a failure)
     failures: int
     cost_seconds: float = 0.0  # layerscope's time on the training thread
     writer_seconds: float = 0.0  # CPU time of its writer thread, off the training thread
+    dropped_scalars: int = 0  # scalars lost on the way
 
 
 @dataclass(slots=True)
