@@ -115,7 +115,7 @@ def test_eval_forwards_are_recorded_as_eval_without_advancing_the_step():
         model(torch.randn(2, 4)).sum().backward()
         scope.step()
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad():  # right after step 0 ended: an evaluation of step 0
             for _ in range(3):
                 model(torch.randn(5, 4))
         model.train()
@@ -123,11 +123,14 @@ def test_eval_forwards_are_recorded_as_eval_without_advancing_the_step():
             model(torch.randn(1, 4))
         assert scope.current_step == 1
         model(torch.randn(2, 4)).sum().backward()
+        with torch.no_grad():  # in the middle of step 1: an evaluation of step 1
+            model(torch.randn(3, 4))
         scope.step()
     frame = scope.frame()
     phases = frame.groupby(["step", "phase"]).numel.sum().to_dict()
-    assert phases == {(0, "train"): 16, (1, "eval"): 128, (1, "train"): 16}  # 2 modules
+    assert phases == {(0, "train"): 16, (0, "eval"): 128, (1, "eval"): 24, (1, "train"): 16}
     assert set(frame.query("phase == 'eval'").kind) == {"activation"}
+    assert set(frame.call) == {0}  # every pass merged into one row per module
 
 
 def test_a_module_called_twice_keeps_a_call_index_per_call():
@@ -326,3 +329,172 @@ def test_layerscope_measures_its_own_cost_on_the_training_thread(monkeypatch, tm
     assert meta["cost_seconds"] == pytest.approx(scope.cost_seconds)
     # the writer and file threads' CPU time: each at most its own lifetime within the run
     assert 0 < meta["writer_seconds"] < 2 * elapsed
+
+
+def _amp_loop(scope, model, optimizer, scaler, iterations, *, scope_step, scale=100.0):
+    for _ in range(iterations):
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(4, 8) * scale).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        if scope_step:
+            scope.step(loss=loss)
+
+
+@pytest.mark.parametrize("scope_step", [True, False])
+def test_an_iteration_whose_step_grad_scaler_skipped_is_a_step_of_its_own(scope_step):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+    # 2**20 overflows fp16 gradients: GradScaler skips and halves the scale, until it fits.
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20, growth_interval=1000)
+    skipped = []
+    with layerscope.watch(model, optimizer=optimizer, every=1) as scope:
+        for _ in range(6):
+            before = scaler.get_scale()
+            _amp_loop(scope, model, optimizer, scaler, 1, scope_step=scope_step, scale=1.0)
+            skipped.append(scaler.get_scale() < before)
+        scope.close()
+    assert skipped[0]  # some steps skipped, then it trained
+    assert not all(skipped)
+    frame = scope.frame()
+    # The last iteration ends at its optimizer step, or (if skipped, without scope.step())
+    # stays the step in progress at close.
+    steps = sorted(set(frame.step))
+    assert steps == list(range(6))
+    activations = frame.query("kind == 'activation' and module == '0'")
+    assert activations.numel.tolist() == [4 * 16] * 6  # one iteration each, not 6x in step 0
+    scalars = scope.frame("scalars")
+    marked = scalars.query("name == 'skipped'").step.tolist()
+    expected = [step for step, was in enumerate(skipped) if was]
+    if not scope_step and skipped[-1]:
+        expected = expected[:-1]  # nothing tells that the last one was skipped
+    assert marked == expected
+    if scope_step:
+        assert scalars.query("name == 'loss'").step.tolist() == list(range(6))
+    # A skipped step's gradients are recorded under it, scaled, with their Inf and NaN.
+    grads = frame.query("kind == 'weight_grad'")
+    nonfinite = (grads.nan_count + grads.inf_count).groupby(grads.step).sum()
+    assert (nonfinite > 0).tolist() == skipped
+
+
+def test_training_under_grad_scaler_is_bit_identical_watched():
+    def train(watched):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20)
+        scope = layerscope.watch(model, optimizer=optimizer, every=1) if watched else None
+        _amp_loop(scope, model, optimizer, scaler, 5, scope_step=watched)
+        if scope is not None:
+            scope.close()
+        return [p.detach().clone() for p in model.parameters()], scaler.get_scale()
+
+    (plain, plain_scale), (watched, watched_scale) = train(False), train(True)
+    assert plain_scale == watched_scale
+    assert all(torch.equal(a, b) for a, b in zip(plain, watched, strict=True))
+
+
+def test_an_evaluation_right_after_a_recorded_step_belongs_to_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with layerscope.watch(model, optimizer=optimizer, every=5, capture=("activation",)) as scope:
+        for step in range(11):
+            model(torch.randn(2, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scope.step(loss=float(step))
+            if step % 5 == 0:  # the natural cadence: evaluate after the step just taken
+                model.eval()
+                with torch.no_grad():
+                    for _ in range(2):
+                        model(torch.randn(3, 4))
+                model.train()
+                # Visible as soon as it ran, with the scalar just passed.
+                frame = scope.frame()
+                evaluated = frame.query(f"phase == 'eval' and step == {step}")
+                assert set(evaluated.module) == {"0", "1", "2"}
+                assert evaluated.query("module == '0'").numel.item() == 2 * 3 * 8
+                assert scope.frame("scalars").step.max() == step
+    frame = scope.frame()
+    assert sorted(set(frame.query("phase == 'eval'").step)) == [0, 5, 10]
+    assert sorted(set(frame.query("phase == 'train'").step)) == [0, 5, 10]
+    # One row per step, module and phase: the evaluation's batches merged, nothing twice.
+    assert not frame.duplicated(["step", "phase", "module", "call"]).any()
+
+
+def test_forward_passes_through_a_child_merge_like_passes_through_the_root():
+    class Wrapper(nn.Module):  # like a LightningModule: training_step calls self.net
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+            self.head = nn.Linear(1, 1)
+
+        def forward(self, x):
+            raise AssertionError("never called")
+
+    torch.manual_seed(0)
+    model = Wrapper()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with layerscope.watch(model, optimizer=optimizer, every=1, capture=("activation",)) as scope:
+        for _ in range(2):
+            for _ in range(3):  # micro-batches: net, then head, then backward
+                model.head(model.net(torch.randn(2, 4))).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            model.eval()
+            with torch.no_grad():
+                for _ in range(4):  # validation batches, no backward between them
+                    model.net(torch.randn(5, 4))
+            model.train()
+    frame = scope.frame()
+    assert set(frame.call) == {0}
+    train = frame.query("phase == 'train' and module == 'net.0'")
+    assert train.numel.tolist() == [3 * 2 * 8] * 2
+    evaluation = frame.query("phase == 'eval' and module == 'net.0'")
+    assert evaluation.step.tolist() == [0, 1]
+    assert evaluation.numel.tolist() == [4 * 5 * 8] * 2
+    calls = scope.frame("calls")
+    entered = calls.query("event == 'enter'").module.tolist()
+    assert entered == ["net.0", "net.1", "net.2", "head"]  # one forward pass, once each
+
+
+def test_several_optimizers_are_read_around_their_own_steps():
+    torch.manual_seed(0)
+    generator, critic = nn.Linear(3, 3), nn.Linear(3, 1)
+    model = nn.ModuleDict({"generator": generator, "critic": critic})
+    gen_opt = torch.optim.SGD(generator.parameters(), lr=0.1)
+    critic_opt = torch.optim.SGD(critic.parameters(), lr=0.1)
+    seen = {}
+    critic_opt.register_step_pre_hook(
+        lambda *a: seen.update(critic_grad=critic.weight.grad.clone())
+    )
+    gen_opt.register_step_pre_hook(lambda *a: seen.update(gen_grad=generator.weight.grad.clone()))
+    with layerscope.watch(
+        model,
+        optimizer=[gen_opt, critic_opt],  # the generator steps last: its step ends the step
+        every=1,
+        capture=("weight_grad", "update"),
+    ) as scope:
+        for _ in range(3):
+            for _ in range(2):  # the critic steps twice per iteration
+                critic(generator(torch.randn(4, 3)).detach()).mean().backward()
+                critic_opt.step()
+                critic_opt.zero_grad()
+            critic(generator(torch.randn(4, 3))).mean().neg().backward()
+            gen_opt.step()
+            gen_opt.zero_grad()
+            critic_opt.zero_grad()
+            frame = scope.frame()
+            step = scope.current_step - 1
+            _assert_row(
+                frame, "critic", "weight_grad", "weight", _stats64(seen["critic_grad"]), step
+            )
+            _assert_row(
+                frame, "generator", "weight_grad", "weight", _stats64(seen["gen_grad"]), step
+            )
+    assert scope.current_step == 3
+    assert set(scope.frame().query("kind == 'update'").module) == {"critic", "generator"}

@@ -41,6 +41,12 @@ def _step(model, scope, batch=3):
         ({"histogram": ("linear", 1, 0, 10)}, ValueError, "histogram"),
         ({"include": "no_such_module"}, ValueError, "no module selected"),
         ({"optimizer": "sgd"}, TypeError, "optimizer"),
+        ({"optimizer": []}, ValueError, "optimizer"),
+        (
+            {"optimizer": [torch.optim.SGD(_mlp().parameters(), lr=1), "sgd"]},
+            TypeError,
+            "optimizer",
+        ),
         ({"alerts": "loud"}, ValueError, "alerts"),
     ],
 )
@@ -56,6 +62,54 @@ def test_a_failed_watch_leaves_no_hook_behind():
     with pytest.raises(ValueError, match="capture"):
         layerscope.watch(model, capture=("activation", "nope"))
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_a_model_watched_by_an_open_scope_is_refused_until_it_closes(tmp_path):
+    model = _mlp()
+    first = layerscope.watch(model, every=1)
+    hooks = sum(len(m._forward_hooks) for m in model.modules())
+    with pytest.raises(ValueError, match=r"model: .* already watched"):
+        layerscope.watch(model, every=1, run=tmp_path / "second")
+    with pytest.raises(ValueError, match="already watched"):  # a part of it, too
+        layerscope.watch(model[0])
+    assert sum(len(m._forward_hooks) for m in model.modules()) == hooks
+    assert not (tmp_path / "second").exists()
+    _step(model, first)
+    first.close()
+    with layerscope.watch(model, every=1) as second:  # closed: free again
+        _step(model, second)
+    assert len(second.frame()) == len(first.frame())
+
+
+def test_optimizer_wrappers_are_looked_through_and_unhookable_ones_refused(tmp_path):
+    model = _mlp()
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    class Wrapper(torch.optim.Optimizer):  # like accelerate's: no Optimizer.__init__
+        def __init__(self, optimizer):
+            self.optimizer = optimizer
+
+        @property
+        def param_groups(self):
+            return self.optimizer.param_groups
+
+        def step(self, closure=None):
+            return self.optimizer.step(closure)
+
+    with layerscope.watch(model, optimizer=Wrapper(inner), every=1) as scope:
+        model(torch.randn(2, 4)).sum().backward()
+        Wrapper(inner).step()
+    assert scope.current_step == 1
+    assert "weight_grad" in set(scope.frame().kind)
+
+    class Unhookable(torch.optim.Optimizer):
+        def __init__(self):
+            self.param_groups = []
+
+    with pytest.raises(TypeError, match="optimizer: expected"):
+        layerscope.watch(model, optimizer=Unhookable(), run=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+    assert all(not m._forward_hooks for m in model.modules())
 
 
 def test_schedule_records_dense_then_sparse_steps():
@@ -198,6 +252,7 @@ def test_frame_has_the_contract_columns_and_custom_ones():
         "sentinel",
         "dtype",
         "shape",
+        "shard",
         "numel",
         "mean",
         "hist",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -27,6 +28,45 @@ class HookHandles:
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
+
+
+class ModuleClaims:
+    """Modules that an open scope watches, so that a second scope on them is refused.
+
+    A notebook cell run twice would otherwise put a second set of hooks on every module,
+    and every row would be recorded twice. The registry holds neither modules nor scopes.
+    """
+
+    _owners: ClassVar[weakref.WeakKeyDictionary[Any, weakref.ref[Any]]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self, modules: list[Any]) -> None:
+        self._modules = [weakref.ref(module) for module in modules]
+
+    @classmethod
+    def claim(cls, modules: Iterable[Any], owner: Any) -> ModuleClaims:
+        """Claim ``modules`` for ``owner``; ValueError naming ``model`` if one is taken."""
+        unique = list({id(module): module for module in modules}.values())
+        for module in unique:
+            taken = cls._owners.get(module)
+            holder = taken() if taken is not None else None
+            if holder is not None and holder is not owner:
+                raise ValueError(
+                    f"model: {type(module).__name__} is already watched by {holder!r}; close "
+                    f"that scope first (scope.close(), or leave its with block)"
+                )
+        for module in unique:
+            cls._owners[module] = weakref.ref(owner)
+        return cls(unique)
+
+    def release(self) -> None:
+        """Give the modules back; safe to call twice."""
+        for ref in self._modules:
+            module = ref()
+            if module is not None:
+                self._owners.pop(module, None)
+        self._modules = []
 
 
 def in_backward() -> bool:

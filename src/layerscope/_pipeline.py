@@ -32,6 +32,7 @@ from layerscope._table import (
     finalize_merged,
     merge_batches,
     sentinel_chunk,
+    split_merged,
 )
 from layerscope.sinks._base import Records, RunSummary, Sink
 from layerscope.stats import StatSelection
@@ -177,12 +178,18 @@ class Pipeline:
             self.dropped_rows += sum(len(b.readings) + len(b.extremes) for b in batches)
             raise
         # The last batch ends a step, or its step's readings wait for the next batch: those
-        # of earlier steps wait with them, unchanged, and are finalised with them.
-        final = batches[-1].final
-        self._carry = None if final else merged
+        # of earlier steps are done. After an evaluation, its rows are done too, while the
+        # step's training rows may still grow.
+        last = batches[-1]
+        done: Merged | None = merged
+        self._carry = None
+        if not last.final and merged is not None:
+            done, self._carry = split_merged(
+                merged, self._identities, last.open_steps, last.evaluated
+            )
         stats = None
-        if final and merged is not None:
-            stats = finalize_merged(merged, self._place.rank, self._selection, self._identities)
+        if done is not None:
+            stats = finalize_merged(done, self._place.rank, self._selection, self._identities)
             self.recorded_rows += len(stats)
         # The recorded steps' rows first: a failure writing the sentinel's must not cost them.
         if stats is not None or scalars:

@@ -88,6 +88,8 @@ class Recorder:
         self.rows_per_flush = ROWS_PER_FLUSH
         self.partial = False  # the current step has flushed part of its readings
         self.last_flush = time.monotonic()
+        # The first steps whose training and evaluation rows may still grow.
+        self.open_steps: Callable[[], tuple[int, int]] = lambda: (0, 0)
         self._fail = fail
         self._seen: dict[int, _Seen] = {}  # id(tensor) -> its row, until the next flush
         self._forms: dict[tuple[torch.dtype, torch.Size], int] = {}
@@ -211,15 +213,28 @@ class Recorder:
         waited = time.monotonic() - self.last_flush
         return waiting >= UNRECORDED_PER_FLUSH or waited >= UNRECORDED_MAX_WAIT_SECONDS
 
-    def flush(self, final: bool) -> None:
-        """Start the copy of what the buffers hold to the host; ``final`` ends a step."""
+    def flush(self, final: bool, evaluated: bool = False) -> None:
+        """Start the copy of what the buffers hold to the host.
+
+        ``final`` ends a step: its rows are complete. ``evaluated`` says that the evaluation
+        rows so far are, though the step's training rows may still grow.
+        """
         try:
             copies = {
                 buffer_id: rows.take()
                 for buffer_id, rows in self.buffers.values()
                 if rows.has_content()
             }
-            self.pipeline.submit(Batch(self.readings, copies, self.scalars, final, self.extremes))
+            batch = Batch(
+                self.readings,
+                copies,
+                self.scalars,
+                final,
+                self.extremes,
+                evaluated,
+                self.open_steps(),
+            )
+            self.pipeline.submit(batch)
         except Exception:
             waiting = len(self.readings) + len(self.extremes) + len(self.scalars)
             self.pipeline.dropped_rows += waiting

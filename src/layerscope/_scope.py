@@ -23,15 +23,17 @@ from torch import Tensor, nn
 
 from layerscope._config import WatchConfig
 from layerscope._errors import FailureCounter
-from layerscope._hooks import HookHandles, in_backward, queue_at_backward_end
+from layerscope._hooks import HookHandles, ModuleClaims, in_backward, queue_at_backward_end
 from layerscope._imports import require
 from layerscope._kinds import Kind
 from layerscope._modules import CallEvent, ModuleInfo, module_tree
+from layerscope._optimizers import owned_by
 from layerscope._pipeline import Pipeline
 from layerscope._ranks import ProcessRank
 from layerscope._recorder import Owner, Recorder, Target
 from layerscope._schedule import Schedule
 from layerscope._select import select, unwrap
+from layerscope._steps import StepClock
 from layerscope._table import (
     KEY_COLUMNS,
     META_COLUMNS,
@@ -61,41 +63,49 @@ class Scope:
     def __init__(
         self,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
+        optimizers: Sequence[torch.optim.Optimizer],
         config: WatchConfig,
         sinks: Sequence[Sink] = (),
         store: Any = None,
     ) -> None:
         self.config = config
         self._root = unwrap(model)
-        self._optimizer = optimizer
+        self._optimizers = list(optimizers)
         self._kinds = config.kinds
         self._schedule: Schedule = config.schedule
         self._place = ProcessRank()  # the rank is asked for when first needed
         self._failures = FailureCounter()
 
-        self._step = 0
         self._seconds = 0.0  # what layerscope cost the training thread, see cost_seconds
         # Which kinds the sentinel watches on the steps that are not recorded.
         self._sentinel_kinds = self._kinds & {Kind.ACTIVATION, Kind.GRAD}
-        self._recording = False
-        self._watching = False  # the step gets the sentinel
+        self._clock = StepClock(self._schedule, bool(self._sentinel_kinds), self._on_accelerator)
         self._closed = False
         self._identities = Identities()
 
         self._call_counts: dict[tuple[str, str], int] = {}
         self._checkpointed: dict[str, list[int]] = {}  # calls whose grads wait for recompute
-        self._root_depth = 0
-        self._root_phase = TRAIN
+        # Passes: a forward pass begins where the model is entered, at its root or, where
+        # the root's forward never runs (Lightning's training_step), at a child of the root.
+        self._entry_depth = 0
+        self._pass_entries: set[int] = set()  # ids of the modules that entered this pass
+        self._pass_ended = True  # a backward pass ended since the pass began
+        # An optimizer step ended a step since the last scope.step(); one is under way.
+        self._optimizer_ended = False
+        self._optimizer_stepping = False
+        self._backward_in_step = False  # a backward pass reached the probe in this step
+        self._fp16_pass = False  # the training pass ran under fp16 autocast (GradScaler)
         self._calls: list[CallEvent] = []
         self._calls_step: int | None = None  # the step whose call order is recorded
         self._calls_open = True
         self._calls_sent = False
         self._grad_read_queued = False
-        self._before_step = UpdateSnapshot()
+        self._snapshots = [UpdateSnapshot() for _ in self._optimizers]
+        self._positions: list[list[int]] = [[] for _ in self._optimizers]
 
         self._hooks = HookHandles()
         self._call_order_hooks = HookHandles()
+        self._child_entry_hooks = HookHandles()
         targets = list(select(self._root, config.selection))
         if not targets:
             raise ValueError(
@@ -103,8 +113,10 @@ class Scope:
                 f"exclude={_patterns(config.selection.exclude)}, types={config.selection.types}"
             )
         self._targets = [(Target(name, type(m).__name__), m) for name, m in targets]
+        # Another open scope on the same modules would double every hook (a re-run cell).
+        self._claims = ModuleClaims.claim([self._root, *(m for _, m in targets)], self)
         self._params = _owned(targets, lambda m: m.named_parameters(recurse=False))
-        self._set_step_mode()
+        self._probe = _probe(self._root, self._optimizers)
         self._module_buffers = _owned(targets, lambda m: m.named_buffers(recurse=False))
         self._modules = module_tree(self._root, {name for name, _ in targets})
 
@@ -118,7 +130,11 @@ class Scope:
         # behind to block a retry at the same path.
         self._sink = FanOut([*sinks, main])
         self._started = time.time()
-        self._sink.start(self._run_info(store))
+        try:
+            self._sink.start(self._run_info(store))
+        except BaseException:
+            self._claims.release()
+            raise
         self._pipeline = Pipeline(
             self._sink,
             place=self._place,
@@ -134,18 +150,22 @@ class Scope:
         self._recorder = Recorder(
             config.histogram, config.stats.custom, self._identities, self._pipeline, self._fail
         )
+        self._recorder.open_steps = self._clock.open_steps
         try:
             self._register()
         except BaseException:
-            self.close()
+            self.close("failed")
+            discard = getattr(store, "discard", None)
+            if discard is not None:  # a watch() that failed leaves no run behind
+                discard()
             raise
 
     # ---------------------------------------------------------------- public surface
 
     @property
     def current_step(self) -> int:
-        """The step in progress: forwards and backwards now are recorded under it."""
-        return self._step
+        """The step in progress: training forwards and backwards now are recorded under it."""
+        return self._clock.step
 
     @property
     def cost_seconds(self) -> float:
@@ -176,9 +196,12 @@ class Scope:
     def step(self, **scalars: float | Tensor) -> None:
         """End the training step and record scalars such as ``loss=`` or ``lr=`` for it.
 
-        With ``optimizer=`` the optimizer's step ends the training step instead: then this only
-        records the scalars, for the step the optimizer just ended. Scalar tensors are kept on
-        their device until the next flush, so passing ``loss`` costs no host sync.
+        With ``optimizer=`` the optimizer's step ends the training step instead: then this
+        records the scalars for the step the optimizer just ended, and ends the step only if
+        the optimizer did not step since the last call although the model trained (a step
+        that GradScaler skipped): call it once per iteration, after the optimizer step.
+        Scalar tensors are kept on their device until the next flush, so passing ``loss``
+        costs no host sync.
 
         Example:
             >>> import torch, layerscope
@@ -191,14 +214,18 @@ class Scope:
         """
         self._check_open("step")
         start = time.perf_counter()
-        if self._optimizer is None:
-            self._recorder.add_scalars(self._step, scalars)
-            if self._recording:
-                self._read_after_step()
-            self._end_step()
-        else:
-            self._recorder.add_scalars(max(self._step - 1, 0), scalars)
-        self._seconds += time.perf_counter() - start
+        clock = self._clock
+        try:
+            if not self._optimizers:
+                self._recorder.add_scalars(clock.step, scalars)
+                self._finish_step()
+                return
+            if not self._optimizer_ended and clock.trained and not self._optimizer_stepping:
+                self._finish_step(skipped=True)
+            self._optimizer_ended = False
+            self._recorder.add_scalars(clock.step if clock.ended is None else clock.ended, scalars)
+        finally:
+            self._seconds += time.perf_counter() - start
 
     def frame(self, table: str = "stats") -> pandas.DataFrame:
         """What was recorded, as a pandas DataFrame (needs ``layerscope[dataframe]``).
@@ -215,6 +242,7 @@ class Scope:
         if table not in ("stats", "scalars", "calls"):
             raise ValueError(f"table: expected 'stats', 'scalars' or 'calls', got {table!r}")
         if not self._closed:
+            self._flush_so_far()
             self._pipeline.drain()
         if self._memory is None:
             from layerscope.store import load
@@ -245,10 +273,21 @@ class Scope:
         It is for reading a run while it trains, and for timing the writer's share of the cost.
         """
         self._check_open("flush")
-        recorder = self._recorder
-        if not recorder.readings and (recorder.extremes or recorder.scalars):
-            recorder.flush(final=True)  # the sentinel's rows and scalars of steps so far
+        self._flush_so_far()
         self._pipeline.drain()
+
+    def _flush_so_far(self) -> None:
+        """Send what is complete now: evaluation rows, scalars, the sentinel's readings.
+
+        Training rows of the step in progress stay with the writer until the step ends, when
+        they are merged with the rest of the step's.
+        """
+        recorder = self._recorder
+        if recorder.readings or recorder.extremes or recorder.scalars:
+            try:
+                recorder.flush(final=False, evaluated=True)
+            except Exception as error:
+                self._fail("flushing", error)
 
     def close(self, status: str = "finished") -> None:
         """Remove every hook and finish recording; what the current step has so far is kept.
@@ -272,9 +311,13 @@ class Scope:
         finally:
             self._hooks.remove()
             self._call_order_hooks.remove()
+            self._child_entry_hooks.remove()
+            self._claims.release()
             self._params = []
             self._module_buffers = []
-            self._before_step.release()
+            self._probe = None
+            for snapshot in self._snapshots:
+                snapshot.release()
             self._checkpointed.clear()
             self._pipeline.close(partial(self._summary, status))
             self._failures.warn_pending()
@@ -291,41 +334,47 @@ class Scope:
         self.close("failed" if exc_type is not None else "finished")
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"step {self._step}"
+        state = "closed" if self._closed else f"step {self._clock.step}"
         return f"<Scope {type(self._root).__name__}, {len(self._targets)} modules, {state}>"
 
     # ---------------------------------------------------------------- registration
 
     def _register(self) -> None:
         root = self._root
-        self._hooks.add(
-            root.register_forward_pre_hook(self._gated(self._on_root_enter), prepend=True)
-        )
+        entry = self._entry_gated(self._on_entry)
+        leave = self._entry_gated(self._on_leave)
+        self._hooks.add(root.register_forward_pre_hook(entry, prepend=True))
+        # Children are entry points only until the root's forward is seen to run.
+        children = {id(child): child for child in root.children()}
+        for child in children.values():
+            self._child_entry_hooks.add(child.register_forward_pre_hook(entry, prepend=True))
         for target, module in self._targets:
-            if Kind.INPUT in self._kinds:
-                self._hooks.add(
-                    module.register_forward_pre_hook(
-                        self._gated(partial(self._on_enter, target)), with_kwargs=True
-                    )
+            hooks = self._hooks if Kind.INPUT in self._kinds else self._call_order_hooks
+            hooks.add(
+                module.register_forward_pre_hook(
+                    self._gated(partial(self._on_enter, target)), with_kwargs=True
                 )
-            else:
-                self._call_order_hooks.add(
-                    module.register_forward_pre_hook(
-                        self._gated(partial(self._on_enter, target)), with_kwargs=True
-                    )
-                )
+            )
             self._hooks.add(
                 module.register_forward_hook(self._gated(partial(self._on_exit, target)))
             )
-        # Registered last so that it runs after every target's forward hook, also on errors.
-        self._hooks.add(
-            root.register_forward_hook(self._gated(self._on_root_exit), always_call=True)
-        )
+        # Registered last so that they run after every target's forward hook, also on errors.
+        for child in children.values():
+            self._child_entry_hooks.add(child.register_forward_hook(leave, always_call=True))
+        self._hooks.add(root.register_forward_hook(leave, always_call=True))
 
-        if self._optimizer is not None:
-            self._hooks.add(self._optimizer.register_step_pre_hook(self._before_optimizer_step))
-            self._hooks.add(self._optimizer.register_step_post_hook(self._after_optimizer_step))
-        elif Kind.WEIGHT_GRAD in self._kinds:
+        if self._probe is not None:
+            self._hooks.add(
+                self._probe.register_post_accumulate_grad_hook(self._on_probe_grad)  # type: ignore[no-untyped-call]  # untyped in torch
+            )
+        for index, optimizer in enumerate(self._optimizers):
+            self._hooks.add(
+                optimizer.register_step_pre_hook(partial(self._before_optimizer_step, index))
+            )
+            self._hooks.add(
+                optimizer.register_step_post_hook(partial(self._after_optimizer_step, index))
+            )
+        if not self._optimizers and Kind.WEIGHT_GRAD in self._kinds:
             # Without an optimizer, gradients are read when backward ends: by the time
             # scope.step() runs, zero_grad() may have cleared them.
             for param, _ in self._params:
@@ -340,17 +389,18 @@ class Scope:
         The gate reads Python bools that dynamo guards on, so a compiled model keeps one
         graph on unrecorded steps, where the sentinel watches only what runs eagerly; on
         recorded steps the hook runs eagerly as a graph break, and the statistics are exactly
-        those of an eager run. The bools change only between steps, never within a forward.
+        those of an eager run. The bools change only between passes, never within one.
         """
         # The disabling wrapper is made at the first compiled call: making it imports dynamo,
         # a second and 70 MB that a model never compiled should not pay.
         eager: list[Callable[..., None]] = []
+        clock = self._clock
 
         def gate(*args: Any, **kwargs: Any) -> None:
             compiling = torch.compiler.is_compiling()
             # The sentinel stays out of compiled code: it would break the graph every step.
-            # Under compile `not compiling` comes first: no guard on _watching, no recompile.
-            if self._recording or (not compiling and self._watching):
+            # Under compile `not compiling` comes first: no guard on watching, no recompile.
+            if clock.recording or (not compiling and clock.watching):
                 if not compiling:  # the disabling wrapper would only cost time here
                     hook(*args, **kwargs)
                     return
@@ -360,29 +410,113 @@ class Scope:
 
         return gate
 
+    def _entry_gated(self, hook: Callable[..., None]) -> Callable[..., None]:
+        """An entry hook: always run eagerly, and in compiled code only on recorded steps.
+
+        Entries end skipped steps and begin passes, which unrecorded steps need too; their
+        cost is one call where the model is entered, not one per module.
+        """
+        eager: list[Callable[..., None]] = []
+        clock = self._clock
+
+        def gate(*args: Any, **kwargs: Any) -> None:
+            if not torch.compiler.is_compiling():
+                hook(*args, **kwargs)
+            elif clock.recording:
+                if not eager:
+                    eager.append(torch.compiler.disable(hook))  # type: ignore[no-untyped-call]  # untyped in torch
+                eager[0](*args, **kwargs)
+
+        return gate
+
+    # ---------------------------------------------------------------- passes
+
+    def _on_entry(self, module: nn.Module, args: Any) -> None:
+        start = time.perf_counter()
+        try:
+            if self._entry_depth == 0 and not in_backward():
+                self._begin_pass(module)
+        except Exception as error:
+            self._fail("beginning a forward pass", error)
+        finally:
+            self._entry_depth += 1
+            self._seconds += time.perf_counter() - start
+
+    def _on_leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._entry_depth = max(0, self._entry_depth - 1)
+
+    def _begin_pass(self, module: nn.Module) -> None:
+        """The model is entered at ``module``, the root or one of its children.
+
+        At the root every entry is a pass. At children, a pass goes on while other children
+        enter it (an encoder, then a decoder) and ends when one enters again or a backward
+        pass has ended: then micro-batches and validation batches merge by call.
+        """
+        root = module is self._root
+        if root and len(self._child_entry_hooks):
+            self._child_entry_hooks.remove()  # the model is entered at its root
+        training = module.training and torch.is_grad_enabled()
+        if (
+            not root
+            and not self._pass_ended
+            and training == self._clock.training
+            and self._pass_entries
+            and id(module) not in self._pass_entries
+        ):
+            self._pass_entries.add(id(module))  # another part of the same pass
+            return
+        self._pass_entries = {id(module)}
+        self._pass_ended = False
+        if training:
+            self._end_skipped_step()
+            self._fp16_pass = self._probe is not None and _fp16_autocast(self._probe)
+        if self._clock.begin_pass(training) and self._recorder.readings:
+            # The last step's evaluation is over: its rows are complete.
+            try:
+                self._recorder.flush(final=False, evaluated=True)
+            except Exception as error:
+                self._fail("flushing an evaluation", error)
+        self._call_counts.clear()
+        if self._calls:
+            self._calls_open = False  # one pass is the call order
+
+    def _end_skipped_step(self) -> None:
+        """End a step whose optimizer step did not come (GradScaler skipped it).
+
+        Seen where the next iteration's training pass begins: a backward reached the probe
+        parameter in this step, no optimizer step followed, and ``zero_grad()`` has cleared
+        the gradient since.
+        """
+        if (
+            self._optimizers
+            and self._backward_in_step
+            and not self._optimizer_stepping
+            and self._probe is not None
+            and self._probe.grad is None
+        ):
+            self._finish_step(skipped=True)
+
+    def _on_probe_grad(self, param: Tensor) -> None:
+        """A backward pass reached the probe parameter: one call per backward pass."""
+        if self._closed or torch.compiler.is_compiling():
+            return
+        self._backward_in_step = True
+        self._pass_ended = True  # the next forward is a pass of its own
+        if self._fp16_pass and self._clock.step_records and Kind.WEIGHT_GRAD in self._kinds:
+            # Under fp16 autocast, GradScaler may skip the step and its gradients would go
+            # unread: read them as backward leaves them (scaled); the optimizer step's reading,
+            # unscaled, replaces this one when the step comes.
+            self._on_grad_accumulated(param)
+
     # ---------------------------------------------------------------- forward and backward hooks
 
     def _phase(self) -> str:
-        if self._root_depth:
-            return self._root_phase
+        if self._entry_depth:
+            return TRAIN if self._clock.training else EVAL
         return TRAIN if self._root.training and torch.is_grad_enabled() else EVAL
 
-    def _on_root_enter(self, module: nn.Module, args: Any) -> None:
-        if self._root_depth == 0:
-            # The phase is decided where the model is entered: a reentrant checkpoint inside
-            # runs under no_grad but is still training.
-            self._root_phase = TRAIN if module.training and torch.is_grad_enabled() else EVAL
-            if not in_backward():
-                self._call_counts.clear()  # a new forward pass: micro-batches merge by call
-        self._root_depth += 1
-
-    def _on_root_exit(self, module: nn.Module, args: Any, output: Any) -> None:
-        self._root_depth = max(0, self._root_depth - 1)
-        if self._root_depth == 0 and self._calls and self._calls_open:
-            self._calls_open = False  # one forward pass is the call order; hooks go at step end
-
     def _on_enter(self, target: Target, module: nn.Module, args: Any, kwargs: Any) -> None:
-        if not self._recording or in_backward():
+        if not self._clock.recording or in_backward():
             return
         start = time.perf_counter()
         try:
@@ -391,15 +525,17 @@ class Scope:
             if phase == TRAIN and self._calls_open:
                 self._log_call("enter", target, call)
             if Kind.INPUT in self._kinds:
+                step = self._clock.pass_step
                 for name, tensor in _inputs(args, kwargs):
-                    self._recorder.record(self._step, target, Kind.INPUT, name, call, phase, tensor)
+                    self._recorder.record(step, target, Kind.INPUT, name, call, phase, tensor)
         except Exception as error:
             self._fail(f"the input hook of {target.name!r}", error)
         finally:
             self._seconds += time.perf_counter() - start
 
     def _on_exit(self, target: Target, module: nn.Module, args: Any, output: Any) -> None:
-        if not (self._recording or self._watching):
+        clock = self._clock
+        if not (clock.recording or clock.watching):
             return
         start = time.perf_counter()
         try:
@@ -407,18 +543,19 @@ class Scope:
                 self._on_recompute(target, output)
                 return
             phase = self._phase()
-            if not self._recording and phase != TRAIN:
+            if not clock.recording and phase != TRAIN:
                 return  # the sentinel watches training, not evaluation
             key = (target.name, phase)
             call = self._call_counts.get(key, 0)
             self._call_counts[key] = call + 1
-            if phase == TRAIN and self._calls_open and self._recording:
+            if phase == TRAIN and self._calls_open and clock.recording:
                 self._log_call("exit", target, call)
-            record = self._recorder.record if self._recording else self._recorder.record_extremes
+            record = self._recorder.record if clock.recording else self._recorder.record_extremes
+            step = clock.pass_step
             if Kind.ACTIVATION in self._kinds:
                 for name, tensor in named_tensors(output, "out"):
                     try:  # one output that cannot be read must not cost the others theirs
-                        record(self._step, target, Kind.ACTIVATION, name, call, phase, tensor)
+                        record(step, target, Kind.ACTIVATION, name, call, phase, tensor)
                     except Exception as error:
                         self._fail(f"reading {name!r} of {target.name!r}", error)
             if Kind.GRAD in self._kinds and phase == TRAIN:
@@ -454,12 +591,13 @@ class Scope:
         return hooked
 
     def _on_grad(self, target: Target, name: str, call: int, grad: Tensor | None) -> None:
-        if self._closed or not (self._recording or self._watching) or grad is None:
+        clock = self._clock
+        if self._closed or not (clock.recording or clock.watching) or grad is None:
             return
         start = time.perf_counter()
         try:
-            record = self._recorder.record if self._recording else self._recorder.record_extremes
-            record(self._step, target, Kind.GRAD, name, call, TRAIN, grad)
+            record = self._recorder.record if clock.recording else self._recorder.record_extremes
+            record(clock.step, target, Kind.GRAD, name, call, TRAIN, grad)
         except Exception as error:
             self._fail(f"the gradient hook of {target.name!r}", error)
         finally:
@@ -467,14 +605,14 @@ class Scope:
 
     def _log_call(self, event: str, target: Target, call: int) -> None:
         if self._calls_step is None:
-            self._calls_step = self._step
-        if self._calls_step == self._step:
+            self._calls_step = self._clock.step
+        if self._calls_step == self._clock.step:
             self._calls.append(CallEvent(len(self._calls), event, target.name, call))
 
     # ---------------------------------------------------------------- parameters and buffers
 
     def _on_grad_accumulated(self, param: Tensor) -> None:
-        if self._recording and not self._grad_read_queued and not self._closed:
+        if self._clock.step_records and not self._grad_read_queued and not self._closed:
             self._grad_read_queued = True
             queue_at_backward_end(self._on_backward_end)
 
@@ -491,21 +629,27 @@ class Scope:
         self._timed(self._read_owned, Kind.WEIGHT_GRAD)
 
     def _before_optimizer_step(
-        self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
+        self, index: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
     ) -> tuple[Any, Any] | None:
-        if not self._recording or self._closed:
+        if self._closed:
             return None
+        self._optimizer_stepping = True
+        if not self._clock.step_records:
+            return None
+        positions = self._positions[index] = owned_by(
+            self._optimizers, index, [param for param, _ in self._params]
+        )
         # args[0] is the optimizer itself; the closure follows it or comes by keyword.
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-        self._timed(self._snapshot_for_update)
+        self._timed(self._snapshot_for_update, index)
         if closure is None:
-            self._timed(self._read_owned, Kind.WEIGHT_GRAD)
+            self._timed(self._read_owned, Kind.WEIGHT_GRAD, positions)
             return None
 
         # The closure computes the gradients (LBFGS, Lightning): read them when it returns.
         def closure_then_read() -> Any:
             loss = closure()
-            self._timed(self._read_owned, Kind.WEIGHT_GRAD)
+            self._timed(self._read_owned, Kind.WEIGHT_GRAD, positions)
             return loss
 
         if "closure" in kwargs:
@@ -513,41 +657,48 @@ class Scope:
         return (args[0], closure_then_read, *args[2:]), kwargs
 
     def _after_optimizer_step(
-        self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
+        self, index: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
     ) -> None:
         if self._closed:
             return
         start = time.perf_counter()
-        if self._recording:
-            self._read_after_step()
-        self._end_step()
-        self._seconds += time.perf_counter() - start
+        try:
+            self._optimizer_stepping = False
+            if self._clock.step_records:
+                self._record_updates(index)
+            if index == 0:  # the first optimizer's step ends the training step
+                self._optimizer_ended = True
+                self._finish_step()
+        finally:
+            self._seconds += time.perf_counter() - start
 
-    def _snapshot_for_update(self) -> None:
+    def _snapshot_for_update(self, index: int) -> None:
         if Kind.UPDATE in self._kinds:
+            snapshot = self._snapshots[index]
             try:
-                self._before_step.take([param for param, _ in self._params])
+                snapshot.take([self._params[i][0] for i in self._positions[index]])
             except Exception as error:
-                self._before_step.release()
+                snapshot.release()
                 self._fail("copying the parameters before the step", error)
 
-    def _read_after_step(self) -> None:
-        self._read_owned(Kind.WEIGHT)
-        self._read_owned(Kind.BUFFER)
-        if Kind.UPDATE in self._kinds:
-            try:
-                updates = self._before_step.updates([param for param, _ in self._params])
-                if updates is not None:
-                    for (_, owners), update in zip(self._params, updates, strict=True):
-                        self._record_owned(Kind.UPDATE, owners, update)
-            except Exception as error:
-                self._fail("reading the updates", error)
+    def _record_updates(self, index: int) -> None:
+        if Kind.UPDATE not in self._kinds:
+            return
+        positions = self._positions[index]
+        try:
+            updates = self._snapshots[index].updates([self._params[i][0] for i in positions])
+            if updates is not None:
+                for position, update in zip(positions, updates, strict=True):
+                    self._record_owned(Kind.UPDATE, self._params[position][1], update)
+        except Exception as error:
+            self._fail("reading the updates", error)
 
-    def _read_owned(self, kind: Kind) -> None:
+    def _read_owned(self, kind: Kind, positions: Sequence[int] | None = None) -> None:
         if kind not in self._kinds:
             return
         owned = self._module_buffers if kind is Kind.BUFFER else self._params
-        for tensor, owners in owned:
+        chosen = owned if positions is None else [owned[i] for i in positions]
+        for tensor, owners in chosen:
             try:  # one tensor that cannot be read must not cost the others theirs
                 value = tensor.grad if kind is Kind.WEIGHT_GRAD else tensor
                 if value is not None:
@@ -560,40 +711,54 @@ class Scope:
         first = owners[0]
         target = Target(first.module, first.module_type)
         self._recorder.record(
-            self._step, target, kind, first.tensor, 0, TRAIN, tensor, also_owned_by=owners[1:]
+            self._clock.step,
+            target,
+            kind,
+            first.tensor,
+            0,
+            TRAIN,
+            tensor,
+            also_owned_by=owners[1:],
         )
 
     # ---------------------------------------------------------------- steps and flushes
 
+    def _finish_step(self, skipped: bool = False) -> None:
+        """Read what a step ends with, then end it; a skipped step says so in the scalars."""
+        clock = self._clock
+        if clock.step_records:
+            if skipped:  # what backward left, unless zero_grad() has cleared it already
+                self._read_owned(Kind.WEIGHT_GRAD)
+            self._read_owned(Kind.WEIGHT)
+            self._read_owned(Kind.BUFFER)
+        if skipped:
+            self._recorder.add_scalars(clock.step, {"skipped": 1.0})
+        self._end_step()
+
     def _end_step(self) -> None:
         recorder = self._recorder
-        if (self._recording and recorder.has_pending()) or recorder.unrecorded_due():
+        clock = self._clock
+        pending = recorder.readings or recorder.partial
+        if pending or (clock.step_records and recorder.has_pending()) or recorder.unrecorded_due():
             try:
                 recorder.flush(final=True)
             except Exception as error:
                 self._fail("flushing a step", error)
-        if self._calls_step == self._step:
+        if self._calls_step == clock.step:
             self._calls_open = False
             self._send_calls()
         if not self._calls_open:
             self._call_order_hooks.remove()
-        self._step += 1
-        self._set_step_mode()
-        if not self._recording:
-            self._before_step.release()  # kept only from one recorded step to the next
+        clock.end_step()
+        if not clock.step_records:
+            for snapshot in self._snapshots:
+                snapshot.release()  # kept only from one recorded step to the next
+        self._backward_in_step = False
+        self._optimizer_stepping = False
+        self._pass_entries = set()  # the next forward begins a pass
         self._call_counts.clear()
         self._checkpointed.clear()
         self._failures.warn_pending()
-
-    def _set_step_mode(self) -> None:
-        """Whether the new step is recorded, or watched by the sentinel."""
-        schedule = self._schedule
-        self._recording = schedule.records(self._step)
-        # Where the model lives is asked only when the schedule leaves it to that.
-        on_accelerator = schedule.sentinel is None and self._on_accelerator()
-        self._watching = bool(self._sentinel_kinds) and schedule.sentinel_at(
-            self._step, on_accelerator
-        )
 
     def _on_accelerator(self) -> bool:
         """Whether the model's parameters are on a GPU or another accelerator now."""
@@ -623,7 +788,7 @@ class Scope:
         return RunSummary(
             status=status,
             ended=time.time(),
-            steps=self._step,
+            steps=self._clock.step + self._clock.trained,  # an unfinished step counts
             recorded_rows=recorded_rows,
             dropped_rows=dropped_rows,
             failures=self._failures.count,
@@ -675,3 +840,26 @@ def _inputs(args: Any, kwargs: Any) -> Iterator[tuple[str, Tensor]]:
 def _patterns(patterns: Sequence[Any]) -> list[str]:
     return [pattern.pattern for pattern in patterns]
 
+
+def _probe(root: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> Tensor | None:
+    """A parameter whose gradient tells that a backward pass ran: one hook, one call a pass.
+
+    The first trainable parameter of the model that the first optimizer steps (or of the
+    model, without an optimizer); None if there is none.
+    """
+    trainable = [param for param in root.parameters() if param.requires_grad]
+    if optimizers:
+        stepped = {id(param) for group in optimizers[0].param_groups for param in group["params"]}
+        trainable = [param for param in trainable if id(param) in stepped] or trainable
+    return trainable[0] if trainable else None
+
+
+def _fp16_autocast(param: Tensor) -> bool:
+    """Whether fp16 autocast is on for ``param``'s device: the mixed precision of GradScaler."""
+    device = param.device.type
+    try:
+        return bool(torch.is_autocast_enabled(device)) and (
+            torch.get_autocast_dtype(device) == torch.float16
+        )
+    except (RuntimeError, TypeError):  # a device type autocast does not know
+        return False

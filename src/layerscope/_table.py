@@ -143,6 +143,10 @@ class Batch:
 
     ``final`` marks the last flush of a step; earlier ones (a step with many forward passes
     flushes when its buffer fills) leave their merged partials to be merged with the next.
+    Even then, training rows of steps before ``open_steps[0]`` and evaluation rows of steps
+    before ``open_steps[1]`` are complete; ``evaluated`` marks a flush after which all
+    evaluation rows are (an evaluation has ended, or a reader asks for its rows) while the
+    step's training rows may still grow.
     """
 
     readings: Readings
@@ -150,6 +154,8 @@ class Batch:
     scalars: list[tuple[int, str, float | tuple[int, int]]] = field(default_factory=list)
     final: bool = True
     extremes: list[Extreme] = field(default_factory=list)
+    evaluated: bool = False
+    open_steps: tuple[int, int] = (0, 0)  # (training, evaluation)
 
 
 # A custom statistic of a group being merged: numel-weighted sum, total weight, and whether the
@@ -279,6 +285,31 @@ def merge_batches(
         ),
         scalars,
     )
+
+
+def split_merged(
+    merged: Merged, identities: Identities, open_steps: tuple[int, int], evaluated: bool
+) -> tuple[Merged | None, Merged | None]:
+    """``merged`` as (complete rows, rows that may still grow); None for a part with none.
+
+    See ``Batch`` for which rows are complete.
+    """
+    table = identities.identities
+    codes = merged.keys[:, 1].tolist()
+    is_eval = torch.tensor([table[code].phase == "eval" for code in codes], dtype=torch.bool)
+    steps = merged.keys[:, 0]
+    eval_done = torch.ones_like(is_eval) if evaluated else steps < open_steps[1]
+    done = torch.where(is_eval, eval_done, steps < open_steps[0])
+
+    def part(mask: Tensor) -> Merged | None:
+        if not bool(mask.any()):
+            return None
+        custom = merged.custom
+        if custom is not None:
+            custom = [sums for sums, keep in zip(custom, mask.tolist(), strict=True) if keep]
+        return Merged(merged.keys[mask], merged.forms[mask], merged.rows[mask], custom)
+
+    return part(done), part(~done)
 
 
 def _carried_readings(carry: Merged) -> Tensor:

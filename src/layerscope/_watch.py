@@ -9,6 +9,7 @@ from torch import nn
 
 from layerscope._config import WatchConfig, check_model
 from layerscope._kinds import DEFAULT_CAPTURE, Kind
+from layerscope._optimizers import parse_optimizers
 from layerscope._schedule import Schedule
 from layerscope._scope import Scope
 from layerscope.sinks._base import Sink
@@ -16,7 +17,7 @@ from layerscope.sinks._base import Sink
 
 def watch(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
     run: object = None,
     every: int | Schedule | None = None,
     capture: Sequence[str | Kind] = DEFAULT_CAPTURE,
@@ -34,7 +35,10 @@ def watch(
         model: any ``nn.Module``; DDP and ``torch.compile`` wrappers are looked through for
             names. Hooks must be attached before a compiled model's first call.
         optimizer: if given, ``optimizer.step()`` ends each step; gradients are read just
-            before it (after accumulation and unscaling), weights and updates just after.
+            before it (after accumulation, unscaling and clipping), weights and updates just
+            after. Wrappers (accelerate's, Lightning's) are looked through. A list of
+            optimizers (a GAN's) is read around each one's step; the first one's step ends
+            the training step, so list first the one that steps last in an iteration.
         run: the run's directory (a path or an fsspec URL such as ``memory://runs/a``), or a
             ``layerscope.store.ParquetStore`` for its flush settings; None keeps the run in
             memory. An existing run is never overwritten: that raises FileExistsError.
@@ -76,15 +80,12 @@ def watch(
         [('0', 'activation'), ('0', 'grad'), ('0', 'weight'), ('0', 'weight_grad')]
     """
     model = check_model(model)
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}"
-        )
+    optimizers = parse_optimizers(optimizer)
     checked_sinks = _check_sinks(sinks)
     if not isinstance(alerts, bool):
         raise ValueError(f"alerts: expected True or False in this version, got {alerts!r}")
     config = WatchConfig.from_arguments(
-        has_optimizer=optimizer is not None,
+        has_optimizer=bool(optimizers),
         every=every,
         capture=capture,
         include=include,
@@ -98,7 +99,7 @@ def watch(
         from layerscope.store import ParquetStore
 
         store = run if isinstance(run, ParquetStore) else ParquetStore(run)  # type: ignore[arg-type]  # ParquetStore checks the type
-    return Scope(model, optimizer, config, sinks=checked_sinks, store=store)
+    return Scope(model, optimizers, config, sinks=checked_sinks, store=store)
 
 
 def _check_sinks(sinks: object) -> list[Sink]:

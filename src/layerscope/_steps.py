@@ -1,0 +1,92 @@
+"""Which step a forward, a backward or a parameter read belongs to, and whether it records.
+
+A step is one training iteration. It ends at the optimizer's step (``optimizer=``) or at
+``scope.step()``; an iteration whose optimizer step was skipped (GradScaler found an Inf) is a
+step of its own. A forward pass in evaluation (eval mode or no gradients) never advances the
+step: one that comes right after a step ended, before the next training pass, belongs to the
+step that ended, so that ``if step % 50 == 0: evaluate()`` after ``optimizer.step()`` is
+recorded with step 50. Evaluation in the middle of a step belongs to that step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from layerscope._schedule import Schedule
+
+
+class StepClock:
+    """The step in progress, the pass in progress, and the gates the hooks read.
+
+    ``recording`` and ``watching`` are plain bools because compiled models guard on them;
+    they change only where a step ends or a pass begins, never inside a pass.
+    """
+
+    def __init__(
+        self, schedule: Schedule, has_sentinel: bool, on_accelerator: Callable[[], bool]
+    ) -> None:
+        self._schedule = schedule
+        self._has_sentinel = has_sentinel
+        self._on_accelerator = on_accelerator
+        self.step = 0  # the training step in progress
+        self.pass_step = 0  # the step the pass in progress records under
+        self.training = True  # the pass in progress is a training pass
+        self.recording = False  # the hooks record now
+        self.watching = False  # the hooks feed the sentinel now
+        self.step_records = False  # the step in progress records
+        self.ended: int | None = None  # the last step that ended
+        self.trained = False  # a training pass began in the step in progress
+        self._after: int | None = None  # a step that ended, while its evaluation may come
+        self._set_modes()
+
+    @property
+    def evaluation_pending(self) -> bool:
+        """Whether evaluation now would belong to the step that just ended."""
+        return self._after is not None
+
+    def open_steps(self) -> tuple[int, int]:
+        """The first steps whose (training, evaluation) rows may still grow."""
+        return self.step, self.step if self._after is None else self._after
+
+    def end_step(self) -> int:
+        """End the step in progress; return its number."""
+        ended = self.step
+        self.step += 1
+        self.ended = self._after = ended
+        self.trained = False
+        self._set_modes()
+        return ended
+
+    def begin_pass(self, training: bool) -> bool:
+        """A forward pass begins; return True when it ends the evaluation of the last step."""
+        self.training = training
+        closed = False
+        if training:
+            closed = self._after is not None
+            self._after = None
+            self.trained = True
+            self.pass_step = self.step
+            self.recording = self.step_records
+            self.watching = self._watches(self.step)
+        else:
+            self.pass_step = self.step if self._after is None else self._after
+            self.recording = self._schedule.records(self.pass_step)
+            self.watching = False  # the sentinel watches training only
+        return closed
+
+    def _set_modes(self) -> None:
+        self.step_records = self._schedule.records(self.step)
+        self.pass_step = self.step
+        self.training = True
+        after_records = self._after is not None and self._schedule.records(self._after)
+        # Between passes the hooks stay on if the next pass may record: a training pass of
+        # this step, or an evaluation of the step that just ended.
+        self.recording = self.step_records or after_records
+        self.watching = self._watches(self.step)
+
+    def _watches(self, step: int) -> bool:
+        if not self._has_sentinel:
+            return False
+        # Where the model lives is asked only when the schedule leaves it to that.
+        on_accelerator = self._schedule.sentinel is None and self._on_accelerator()
+        return self._schedule.sentinel_at(step, on_accelerator)
