@@ -104,10 +104,13 @@ def test_no_hook_is_left_after_close_or_with_or_error():
 def test_no_hook_is_left_on_parameters_for_weight_grads():
     model = nn.Linear(3, 3)
     with layerscope.watch(model, capture=("weight_grad",), every=1) as scope:
-        assert len(model.weight._post_accumulate_grad_hooks) == 1
+        # The weight's gradient is read, and it tells that a backward pass ran (the probe).
+        assert len(model.weight._post_accumulate_grad_hooks) == 2
+        assert len(model.bias._post_accumulate_grad_hooks) == 1
         model(torch.randn(2, 3)).sum().backward()
         scope.step()
     assert not model.weight._post_accumulate_grad_hooks
+    assert not model.bias._post_accumulate_grad_hooks
 
 
 def _live_tensors():

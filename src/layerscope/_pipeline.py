@@ -50,8 +50,8 @@ class _Flush:
 
 @dataclass(frozen=True, slots=True)
 class _Stop:
-    # (recorded_rows, dropped_rows, writer_seconds) -> summary
-    make_summary: Callable[[int, int, float], RunSummary]
+    # (recorded_rows, dropped_rows, dropped_scalars, writer_seconds) -> summary
+    make_summary: Callable[[int, int, int, float], RunSummary]
 
 
 class Pipeline:
@@ -71,7 +71,9 @@ class Pipeline:
     ) -> None:
         self.sink = sink
         self.recorded_rows = 0
-        self.dropped_rows = 0
+        self.dropped_rows = 0  # of the stats table
+        self.dropped_scalars = 0
+        self._count_lock = threading.Lock()  # the training and the writer thread both count
         self._place = place
         self._selection = selection
         self._identities = identities
@@ -96,15 +98,21 @@ class Pipeline:
             self._queue.put_nowait(item)
         except queue.Full:
             readings = len(item.readings) + len(item.extremes) if isinstance(item, Batch) else 0
-            self.dropped_rows += readings + len(item.scalars)
+            self.count_dropped(readings, len(item.scalars))
             self._failures.record("writing", RuntimeError("the writer fell behind"))
+
+    def count_dropped(self, rows: int, scalars: int) -> None:
+        """Count readings (rows of the stats table) and scalars lost on their way."""
+        with self._count_lock:
+            self.dropped_rows += rows
+            self.dropped_scalars += scalars
 
     def drain(self) -> None:
         """Wait until everything submitted so far is written and flushed."""
         self._queue.put(_Flush())
         self._queue.join()
 
-    def close(self, make_summary: Callable[[int, int, float], RunSummary]) -> None:
+    def close(self, make_summary: Callable[[int, int, int, float], RunSummary]) -> None:
         """Write what is left, close the sink and stop the thread."""
         self._queue.put(_Stop(make_summary))
         self._thread.join()
@@ -146,7 +154,10 @@ class Pipeline:
                 if isinstance(item, _Stop):
                     self._guarded("flushing", self.sink.flush)
                     summary = item.make_summary(
-                        self.recorded_rows, self.dropped_rows, time.thread_time()
+                        self.recorded_rows,
+                        self.dropped_rows,
+                        self.dropped_scalars,
+                        time.thread_time(),
                     )
                     self._guarded("closing the run", self.sink.close, summary)
                     return
@@ -175,7 +186,10 @@ class Pipeline:
             )
         except Exception:
             self._carry = self._sentinel_carry = None
-            self.dropped_rows += sum(len(b.readings) + len(b.extremes) for b in batches)
+            self.count_dropped(
+                sum(len(b.readings) + len(b.extremes) for b in batches),
+                sum(len(b.scalars) for b in batches),
+            )
             raise
         # The last batch ends a step, or its step's readings wait for the next batch: those
         # of earlier steps are done. After an evaluation, its rows are done too, while the

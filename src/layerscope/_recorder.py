@@ -236,8 +236,7 @@ class Recorder:
             )
             self.pipeline.submit(batch)
         except Exception:
-            waiting = len(self.readings) + len(self.extremes) + len(self.scalars)
-            self.pipeline.dropped_rows += waiting
+            self.pipeline.count_dropped(len(self.readings) + len(self.extremes), len(self.scalars))
             raise
         finally:  # sent or dropped, they are gone: the next readings start afresh
             self.readings, self.scalars, self.extremes = Readings(), [], []

@@ -783,7 +783,12 @@ class Scope:
         )
 
     def _summary(
-        self, status: str, recorded_rows: int, dropped_rows: int, writer_seconds: float
+        self,
+        status: str,
+        recorded_rows: int,
+        dropped_rows: int,
+        dropped_scalars: int,
+        writer_seconds: float,
     ) -> RunSummary:
         return RunSummary(
             status=status,
@@ -791,6 +796,7 @@ class Scope:
             steps=self._clock.step + self._clock.trained,  # an unfinished step counts
             recorded_rows=recorded_rows,
             dropped_rows=dropped_rows,
+            dropped_scalars=dropped_scalars,
             failures=self._failures.count,
             cost_seconds=self._seconds,
             writer_seconds=writer_seconds,

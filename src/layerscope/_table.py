@@ -420,9 +420,9 @@ def sentinel_chunk(
     kept = None
     if not batches[-1].final:
         # Steps only grow, so the unfinished step's readings are the last ones.
-        last = extremes[-1].step
+        unfinished = batches[-1].open_steps[0]
         cut = len(extremes)
-        while cut > 0 and extremes[cut - 1].step == last:
+        while cut > 0 and extremes[cut - 1].step >= unfinished:
             cut -= 1
         kept = SentinelCarry(extremes[cut:], pairs[cut:])
         extremes, pairs = extremes[:cut], pairs[:cut]
