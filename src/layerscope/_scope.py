@@ -245,11 +245,7 @@ class Scope:
             self._flush_so_far()
             self._pipeline.drain()
         if self._memory is None:
-            from layerscope.store import load
-
-            run = load(self._store.path)
-            stored: pandas.DataFrame = getattr(run, table)
-            return stored
+            return self._stored_frame(table)
         if table == "stats":
             columns = chunks_to_columns(self._memory.chunks)
             names = self._columns()
@@ -265,6 +261,27 @@ class Scope:
             [(c.seq, c.event, c.module, c.call) for c in self._memory.calls],
             columns=["seq", "event", "module", "call"],
         )
+
+    def _stored_frame(self, table: str) -> pandas.DataFrame:
+        """This process's rows of a stored run, shaped as an in-memory run's."""
+        pd = require("pandas", "dataframe")
+        from layerscope.store import load
+
+        names = {
+            "stats": self._columns(),
+            "scalars": ["step", "name", "value"],
+            "calls": ["seq", "event", "module", "call"],
+        }[table]
+        try:
+            run = load(self._store.path)
+        except FileNotFoundError:  # nothing written yet: a rank's files come with its rows
+            return pd.DataFrame(columns=names)
+        stored: pandas.DataFrame = getattr(run, table)
+        if "rank" in stored:  # other ranks of the job write to the same run
+            stored = stored[stored["rank"] == self._place.rank].reset_index(drop=True)
+        if table != "stats":
+            stored = stored.drop(columns="rank", errors="ignore")
+        return stored
 
     def flush(self) -> None:
         """Wait until what the steps so far recorded is written to the run and every sink.

@@ -1,10 +1,12 @@
 """A run survives its process being killed: everything flushed before the kill loads."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -71,3 +73,36 @@ def test_a_scope_left_open_is_closed_at_exit_and_its_rows_written(tmp_path):
     assert run.meta["status"] == "finished"
     assert sorted(set(run.stats.step)) == [0, 1, 2]
     assert run.scalars.value.tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    ("silent_for", "heartbeat", "expected"),
+    [
+        (3600.0, 5.0, "crashed"),
+        (100.0, 30.0, "running"),  # 10 heartbeats of 30 s have not passed
+        (400.0, 30.0, "crashed"),
+        (30.0, 1.0, "running"),  # nor a minute
+        (90.0, 1.0, "crashed"),
+    ],
+)
+def test_a_run_on_another_host_whose_heartbeat_stopped_reads_as_crashed(
+    tmp_path, silent_for, heartbeat, expected
+):
+    from layerscope.store import ParquetStore
+
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(3, 3)
+    with layerscope.watch(model, every=1, run=ParquetStore(tmp_path / "r", flush_seconds=2.5)):
+        model(torch.randn(2, 3)).sum().backward()
+    path = tmp_path / "r" / "run.json"
+    meta = json.loads(path.read_text())
+    assert meta["heartbeat_seconds"] == 2.5
+    meta.update(
+        status="running",
+        host="another-host.invalid",  # its pid cannot be asked from here
+        pid=1,
+        updated=time.time() - silent_for,
+        heartbeat_seconds=heartbeat,
+    )
+    path.write_text(json.dumps(meta))
+    assert layerscope.load(tmp_path / "r").meta["status"] == expected

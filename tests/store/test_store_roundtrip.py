@@ -77,10 +77,14 @@ def test_load_gives_back_what_an_in_memory_run_recorded(tmp_path):
     run = layerscope.load(tmp_path / "run")
 
     _assert_frames_equal(in_memory.frame(), run.stats)
-    _assert_frames_equal(in_memory.frame("scalars"), run.scalars)
-    _assert_frames_equal(in_memory.frame("calls"), run.calls)
+    # Stored tables have the rank that wrote each row; a single process is rank 0.
+    assert run.scalars["rank"].tolist() == [0] * len(run.scalars)
+    assert run.calls["rank"].tolist() == [0] * len(run.calls)
+    _assert_frames_equal(in_memory.frame("scalars"), run.scalars.drop(columns="rank"))
+    _assert_frames_equal(in_memory.frame("calls"), run.calls.drop(columns="rank"))
     _assert_frames_equal(on_disk.frame(), run.stats)  # frame() of a stored run reads the store
-    assert list(run.alerts.columns) == ["step", "rule", "module", "kind", "severity", "message"]
+    columns = ["step", "rule", "module", "kind", "severity", "message", "rank"]
+    assert list(run.alerts.columns) == columns
     assert len(run.alerts) == 0
     assert {"eval", "train"} == set(run.stats.phase)
 
@@ -289,6 +293,44 @@ def test_a_full_disk_warns_once_counts_dropped_rows_and_training_goes_on(tmp_pat
     _train(reference, steps=5)
     for a, b in zip(reference.parameters(), model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_counters_count_stats_rows_and_scalars_apart(tmp_path, monkeypatch):
+    original = ParquetStore._write_table
+
+    def no_space(self, relative, *args):
+        if relative.startswith("scalars/seg-"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, relative, *args)
+
+    monkeypatch.setattr(ParquetStore, "_write_table", no_space)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        _train(_model(), steps=5, run=ParquetStore(tmp_path / "r", flush_steps=1))
+    meta = layerscope.load(tmp_path / "r").meta
+    rows = len(layerscope.load(tmp_path / "r").stats)
+    assert meta["recorded_rows"] == meta["written_rows"] == rows > 0
+    assert meta["dropped_rows"] == 0  # the scalars lost are not rows of the stats table
+    assert (meta["written_scalars"], meta["dropped_scalars"]) == (0, 10)
+
+    monkeypatch.setattr(ParquetStore, "_write_table", original)
+    _train(_model(), steps=5, run=tmp_path / "good")
+    meta = layerscope.load(tmp_path / "good").meta
+    assert (meta["written_scalars"], meta["dropped_scalars"]) == (10, 0)
+
+
+def test_scalars_lost_before_the_store_are_counted_with_its_own(tmp_path):
+    from layerscope._ranks import ProcessRank
+    from layerscope.sinks._base import Records, RunInfo, RunSummary
+
+    info = RunInfo("id", "r", time.time(), ProcessRank(), {}, [], None)
+    store = ParquetStore(tmp_path / "r")
+    store.start(info)
+    store.write(Records(scalars=[(0, "loss", 1.0), (1, "loss", 0.5)]))
+    summary = RunSummary("finished", time.time(), 2, 0, 0, 0, dropped_scalars=3)
+    store.close(summary)
+    meta = layerscope.load(tmp_path / "r").meta
+    assert (meta["written_scalars"], meta["dropped_scalars"]) == (2, 3)
 
 
 def test_fsspec_memory_urls_write_read_and_query():

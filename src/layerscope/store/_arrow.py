@@ -20,7 +20,11 @@ from layerscope.store._arrays import float_lists, floats, lists, numeric, string
 # The statistics that are counts; the others are float64.
 _COUNT_STATS = frozenset(("numel", "nan_count", "inf_count"))
 
-SCALARS_SCHEMA = pa.schema([("step", pa.int64()), ("name", pa.string()), ("value", pa.float64())])
+# Every table but stats gets a ``rank`` column last (the stats table has it among its keys);
+# files written before it was added lack it, and are read as rank 0's.
+SCALARS_SCHEMA = pa.schema(
+    [("step", pa.int64()), ("name", pa.string()), ("value", pa.float64()), ("rank", pa.int32())]
+)
 ALERTS_SCHEMA = pa.schema(
     [
         ("step", pa.int64()),
@@ -29,11 +33,49 @@ ALERTS_SCHEMA = pa.schema(
         ("kind", pa.string()),
         ("severity", pa.string()),
         ("message", pa.string()),
+        ("rank", pa.int32()),
     ]
 )
 CALLS_SCHEMA = pa.schema(
-    [("seq", pa.int64()), ("event", pa.string()), ("module", pa.string()), ("call", pa.int32())]
+    [
+        ("seq", pa.int64()),
+        ("event", pa.string()),
+        ("module", pa.string()),
+        ("call", pa.int32()),
+        ("rank", pa.int32()),
+    ]
 )
+
+
+def stats_schema(stats: Sequence[str], custom: Sequence[str], histogram: bool) -> pa.Schema:
+    """The columns of a stats table, as a reader shows them before widening histograms.
+
+    ``stats`` names the built-in statistics kept (``hist`` among them or not), ``custom`` the
+    custom ones; ``histogram`` says whether histograms were recorded. A custom statistic that
+    returns several values is a list column in the files; here it is float64.
+    """
+    fields = [
+        ("step", pa.int64()),
+        ("phase", pa.string()),
+        ("rank", pa.int32()),
+        ("module", pa.string()),
+        ("module_type", pa.string()),
+        ("kind", pa.string()),
+        ("tensor", pa.string()),
+        ("call", pa.int32()),
+        ("sentinel", pa.bool_()),
+        ("dtype", pa.string()),
+        ("shape", pa.list_(pa.int64())),
+        ("shard", pa.string()),
+        ("numel", pa.int64()),
+    ]
+    for name in stats:
+        if name != "hist" and name != "numel":
+            fields.append((name, pa.int64() if name in _COUNT_STATS else pa.float64()))
+    fields += [(name, pa.float64()) for name in custom]
+    if histogram and "hist" in stats:
+        fields += [("hist_lo", pa.int16()), ("hist", pa.list_(pa.int64()))]
+    return pa.schema(fields)
 
 
 def stats_table(chunk: Chunk) -> pa.Table:
@@ -56,6 +98,7 @@ def stats_table(chunk: Chunk) -> pa.Table:
     arrays["sentinel"] = numeric(np.full(len(chunk), chunk.sentinel), pa.bool_())
     arrays["dtype"] = lookup.column("dtype", form)
     arrays["shape"] = lookup.shape_column(form)
+    arrays["shard"] = lookup.shard_column(form)
     for name, column in chunk.stats.items():
         kind = pa.int64() if name in _COUNT_STATS else pa.float64()
         arrays[name] = numeric(column.numpy(), kind)
@@ -81,6 +124,10 @@ class _Lookup:
             "dtype": [form.dtype for form in forms],
         }
         self._columns = {name: _encode(column) for name, column in values.items()}
+        # Shards of a sharded tensor ("i/n"); None for a whole tensor, null in the file.
+        shards = [form.shard for form in forms]
+        self._shard_valid = np.array([shard is not None for shard in shards], dtype=bool)
+        self._shards = _encode([shard or "" for shard in shards])
         self.calls = np.array([row.call for row in rows], dtype=np.int32)
         # Every form's dimensions end to end, and where each form's begin.
         self._dims = np.array([dim for form in forms for dim in form.shape], dtype=np.int64)
@@ -97,6 +144,12 @@ class _Lookup:
         positions += np.arange(len(positions))
         dims = numeric(self._dims[positions], pa.int64())
         return lists(offsets, dims)
+
+    def shard_column(self, forms: np.ndarray) -> pa.DictionaryArray:
+        """Each row's shard, null where the tensor was whole."""
+        index, dictionary = self._shards
+        valid = self._shard_valid[forms]
+        return pa.DictionaryArray.from_arrays(numeric(index[forms], pa.int32(), valid), dictionary)
 
     def column(self, name: str, codes: np.ndarray) -> pa.DictionaryArray:
         index, dictionary = self._columns[name]
@@ -184,19 +237,25 @@ def widen_histograms(frame: Any, slots: int) -> None:
     del frame["hist_lo"]
 
 
-def scalars_table(rows: list[tuple[int, str, float]]) -> pa.Table:
-    """Scalars as an Arrow table."""
+def scalars_table(rows: list[tuple[int, str, float]], rank: int) -> pa.Table:
+    """Scalars of rank ``rank`` as an Arrow table."""
     steps, names, values = zip(*rows, strict=True) if rows else ((), (), ())
-    columns = [numeric(np.array(steps), pa.int64()), strings(names), floats(values)]
+    columns = [
+        numeric(np.array(steps), pa.int64()),
+        strings(names),
+        floats(values),
+        numeric(np.full(len(rows), rank), pa.int32()),
+    ]
     return pa.table(columns, schema=SCALARS_SCHEMA)
 
 
-def calls_table(calls: list[CallEvent]) -> pa.Table:
-    """The call order as an Arrow table."""
+def calls_table(calls: list[CallEvent], rank: int) -> pa.Table:
+    """The call order of rank ``rank`` as an Arrow table."""
     columns = [
         numeric(np.array([c.seq for c in calls]), pa.int64()),
         strings([c.event for c in calls]),
         strings([c.module for c in calls]),
         numeric(np.array([c.call for c in calls]), pa.int32()),
+        numeric(np.full(len(calls), rank), pa.int32()),
     ]
     return pa.table(columns, schema=CALLS_SCHEMA)

@@ -6,6 +6,14 @@
     RUN/scalars/          data-000001-000042.parquet once compacted at close
     RUN/alerts/
     RUN/calls.parquet     the call order of one forward pass
+    RUN/rank-00001/       the same files, of rank 1 of a distributed job
+    RUN/rank-00002/       ... one directory for each rank but rank 0
+
+Rank 0, and a process that is not part of a distributed job, writes at the run's root; every
+other rank writes the same layout in a directory of its own, named by ``rank_directory``, so
+that no rank ever writes, compacts or removes another's files. A reader reads all of them as
+one run. A run directory's entries named like ``rank-00001`` are taken for ranks, never for
+runs of their own.
 
 A segment appears only by rename, so a reader never sees half a file. Compaction writes the
 merged file first and deletes the segments it covers afterwards; a reader skips segments that a
@@ -22,8 +30,31 @@ MODULES_FILE = "modules.json"
 CALLS_FILE = "calls.parquet"
 SEGMENTED_TABLES = ("stats", "scalars", "alerts")
 
+_RANK_DIRECTORY = re.compile(r"^rank-(\d{5,})$")
 _SEGMENT = re.compile(r"^seg-(\d{6,})\.parquet$")
 _COMPACTED = re.compile(r"^data-(\d{6,})-(\d{6,})\.parquet$")
+
+
+def rank_directory(rank: int) -> str:
+    """Where rank ``rank`` writes, relative to the run's root: ``""`` (the root) for rank 0.
+
+    Example:
+        >>> rank_directory(0), rank_directory(3)
+        ('', 'rank-00003')
+    """
+    return "" if rank == 0 else f"rank-{rank:05d}"
+
+
+def directory_rank(name: str) -> int | None:
+    """The rank whose directory ``name`` is, or None for a name that is not a rank's.
+
+    Example:
+        >>> directory_rank("rank-00003"), directory_rank("stats"), directory_rank("rank-00000")
+        (3, None, None)
+    """
+    match = _RANK_DIRECTORY.match(name)
+    rank = int(match.group(1)) if match else 0
+    return rank or None  # rank 0 writes at the root, never in a directory of its own
 
 
 def segment_name(index: int) -> str:

@@ -2,14 +2,20 @@
 
 A run can be read while it is being written: segments appear atomically, and every table
 access lists the files anew. A damaged file is skipped with a warning and the rest is read.
+The ranks of a distributed job write a directory each inside the run (see ``_layout``); a
+``Run`` reads them all as one.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import socket
+import time
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from layerscope._errors import LayerscopeWarning
@@ -22,6 +28,7 @@ from layerscope.store._layout import (
     RUN_FILE,
     SCHEMA_VERSION,
     SEGMENTED_TABLES,
+    directory_rank,
     files_to_read,
 )
 
@@ -30,42 +37,105 @@ if TYPE_CHECKING:
 
 TABLES = (*SEGMENTED_TABLES, "calls")
 _RETRIES = 10
+# A run marked running whose ``run.json`` was not renewed for this long, and for ten of its
+# heartbeats, is taken for one that died: on another host its process cannot be asked.
+_MIN_SILENCE_SECONDS = 60.0
+_HEARTBEATS_MISSED = 10
+# The order in which ranks' statuses win the run's: one rank that crashed makes a crashed run.
+_STATUS_ORDER = ("crashed", "failed", "running")
 
 
 class Run:
     """A run on disk (or any fsspec filesystem): its tables as DataFrames, and SQL over them.
 
+    Every rank's files are read as one run: the tables hold all ranks' rows, each with its
+    ``rank``.
+
     Attributes:
         path: where the run is.
-        meta: the contents of ``run.json`` when the run was loaded, with ``status`` saying
-            ``"crashed"`` for a run still marked running whose process is gone.
+        meta: the contents of rank 0's ``run.json`` when the run was loaded (the lowest rank's,
+            if rank 0 wrote none), with ``ranks``, a summary of each rank's (``rank``,
+            ``status``, ``steps``, ``host``, ``pid``, ``updated``), and ``status`` the run's:
+            ``"crashed"`` if a rank crashed (a rank still marked running whose process is gone,
+            or whose heartbeat stopped), else ``"failed"`` if one failed, ``"running"`` if one
+            runs, ``"finished"`` once all finished.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        if not isinstance(path, str | os.PathLike):
+            raise TypeError(
+                f"path: expected the path or URL of a run directory, got {type(path).__name__}"
+            )
         fsspec = require("fsspec", "dataframe")
         self.path = os.fspath(path)
-        self._fs, self._root = fsspec.core.url_to_fs(self.path)
-        try:
-            with self._fs.open(self._join(RUN_FILE), "rb") as file:
-                meta = json.load(file)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"path: no run at {self.path} (no {RUN_FILE})") from None
-        if meta.get("schema", 1) > SCHEMA_VERSION:
-            raise ValueError(
-                f"path: {self.path} was written by a newer layerscope (schema "
-                f"{meta['schema']}); this one reads up to schema {SCHEMA_VERSION}"
+        if not self.path:
+            raise ValueError("path: expected the path or URL of a run directory, got ''")
+        self._fs, root = fsspec.core.url_to_fs(self.path)
+        self._root = root.rstrip("/") or root
+        if self._fs.isfile(self._root):
+            raise NotADirectoryError(f"path: {self.path} is a file, not a run directory")
+        metas = self._read_metas() if self._fs.exists(self._root) else {}
+        if not metas:
+            raise FileNotFoundError(f"path: no run at {self.path} (no {RUN_FILE})")
+        first = min(metas)
+        self._meta_place = metas[first][0]
+        meta = dict(metas[first][1])
+        ranks: list[dict[str, Any]] = []
+        for rank, (_, rank_meta) in sorted(metas.items()):
+            ranks.append(
+                {
+                    "rank": rank,
+                    "status": _status(rank_meta),
+                    "steps": rank_meta.get("steps"),
+                    "host": rank_meta.get("host"),
+                    "pid": rank_meta.get("pid"),
+                    "updated": rank_meta.get("updated"),
+                }
             )
-        meta["status"] = _status(meta)
+        meta["status"] = _combined([entry["status"] for entry in ranks])
+        meta["ranks"] = ranks
         self.meta: dict[str, Any] = meta
         self._duckdb: Any = None
+        self._rankless: set[str] = set()  # files written before tables had a rank column
 
     def __repr__(self) -> str:
         return f"<Run {self.meta.get('name')!r} {self.meta['status']}, {self.path}>"
 
+    def _read_metas(self) -> dict[int, tuple[str, dict[str, Any]]]:
+        """Each rank's place and ``run.json``, for the ranks that wrote one."""
+        metas = {}
+        for rank, place in self._places():
+            try:
+                with self._fs.open(f"{place}/{RUN_FILE}", "rb") as file:
+                    meta = json.load(file)
+            except FileNotFoundError:
+                continue
+            except ValueError as error:
+                if place == self._root:
+                    raise  # the run's own run.json: nothing to show without it
+                _warn_damaged(f"{place}/{RUN_FILE}", error)
+                continue
+            if meta.get("schema", 1) > SCHEMA_VERSION:
+                raise ValueError(
+                    f"path: {self.path} was written by a newer layerscope (schema "
+                    f"{meta['schema']}); this one reads up to schema {SCHEMA_VERSION}"
+                )
+            metas[meta.get("rank", rank) if place == self._root else rank] = (place, meta)
+        return metas
+
+    def _places(self) -> list[tuple[int, str]]:
+        """(rank, directory) of the root and of every rank's directory there is now."""
+        places = [(0, self._root)]
+        for path in self._fs.ls(self._root, detail=False):
+            rank = directory_rank(path.rstrip("/").rsplit("/", 1)[-1])
+            if rank is not None and self._fs.isdir(path):
+                places.append((rank, path.rstrip("/")))
+        return sorted(places)
+
     @property
     def modules(self) -> list[ModuleInfo]:
         """The module tree."""
-        with self._fs.open(self._join(MODULES_FILE), "rb") as file:
+        with self._fs.open(f"{self._meta_place}/{MODULES_FILE}", "rb") as file:
             entries = json.load(file)
         return [
             ModuleInfo(
@@ -82,12 +152,16 @@ class Run:
 
     @property
     def stats(self) -> pandas.DataFrame:
-        """One row per step, phase, rank, module, kind, tensor and call."""
+        """One row per step, phase, rank, module, kind, tensor and call.
+
+        Every column of the run's configuration is there, also where no row has a value.
+        """
         from layerscope.store._arrow import widen_histograms
 
         frame = self._frame("stats")
-        if "shape" in frame:
-            frame["shape"] = [tuple(shape) for shape in frame["shape"]]
+        frame["shape"] = [None if shape is None else tuple(shape) for shape in frame["shape"]]
+        # None for a whole tensor, as in memory; a string column would show NaN.
+        frame["shard"] = frame["shard"].astype(object).where(frame["shard"].notna(), None)
         edges = self.meta.get("histogram_edges")
         if edges:
             widen_histograms(frame, len(edges))
@@ -103,23 +177,24 @@ class Run:
 
     @property
     def scalars(self) -> pandas.DataFrame:
-        """step, name, value: what ``scope.step(**scalars)`` recorded."""
+        """step, name, value, rank: what ``scope.step(**scalars)`` recorded."""
         return self._frame("scalars")
 
     @property
     def alerts(self) -> pandas.DataFrame:
-        """step, rule, module, kind, severity, message."""
+        """step, rule, module, kind, severity, message, rank."""
         return self._frame("alerts")
 
     @property
     def calls(self) -> pandas.DataFrame:
-        """seq, event, module, call: the order of one forward pass."""
+        """seq, event, module, call, rank: the order of one forward pass, of each rank."""
         return self._frame("calls")
 
     def sql(self, query: str) -> pandas.DataFrame:
         """Run a DuckDB query over the tables ``stats``, ``scalars``, ``alerts``, ``calls``.
 
-        Histograms are stored trimmed: ``hist`` holds the counts from slot ``hist_lo`` on.
+        Each table holds the rows of every rank. Histograms are stored trimmed: ``hist``
+        holds the counts from slot ``hist_lo`` on.
 
         Example::
 
@@ -145,15 +220,21 @@ class Run:
 
     def _create_views(self, connection: Any) -> None:
         for table in TABLES:
-            files = [self._url(path) for path in self._readable(table)]
-            if files:
-                listing = ", ".join("'" + path.replace("'", "''") + "'" for path in files)
-                connection.execute(
-                    f"create or replace temp view {table} as select * from "
-                    f"read_parquet([{listing}], union_by_name = true)"
-                )
-            else:
-                connection.register(table, _empty(table))
+            paths = self._readable(table)
+            if not paths:
+                connection.register(table, self._empty(table))
+                continue
+            listing = ", ".join("'" + self._url(path).replace("'", "''") + "'" for path in paths)
+            source = f"read_parquet([{listing}], union_by_name = true)"
+            rankless = sum(path in self._rankless for path in paths)
+            columns = "*"
+            if rankless == len(paths):
+                columns = "*, 0::integer as rank"
+            elif rankless:
+                columns = "* replace (coalesce(rank, 0)::integer as rank)"
+            connection.execute(
+                f"create or replace temp view {table} as select {columns} from {source}"
+            )
 
     def _database(self) -> Any:
         """One in-memory DuckDB database per Run: opening one costs ~20 ms a query."""
@@ -162,16 +243,28 @@ class Run:
             self._duckdb = duckdb.connect()
             if self._fs.protocol not in ("file", ("file", "local")):
                 self._duckdb.register_filesystem(self._fs)
+            _DATABASES.add(self)
         return self._duckdb
+
+    def _close_database(self) -> None:
+        database, self._duckdb = self._duckdb, None
+        if database is not None:
+            with contextlib.suppress(Exception):  # closing at exit: nothing left to tell
+                database.close()
 
     # ------------------------------------------------------------------ files
 
     def _frame(self, table: str) -> pandas.DataFrame:
         pyarrow = require("pyarrow", "dataframe")
         pieces = self._read_pieces(table)
+        empty = self._empty(table)
         if not pieces:
-            return _empty(table).to_pandas()
-        data = pyarrow.concat_tables(pieces, promote_options="permissive")
+            data = empty
+        else:
+            data = pyarrow.concat_tables(pieces, promote_options="permissive")
+            for field in empty.schema:  # columns no file has: a run of sentinel rows only
+                if field.name not in data.column_names:
+                    data = data.append_column(field, pyarrow.nulls(data.num_rows, field.type))
         # Key columns are written dictionary-encoded; a DataFrame gets plain strings.
         plain = pyarrow.schema(
             [
@@ -186,58 +279,99 @@ class Run:
         return frame
 
     def _read_pieces(self, table: str) -> list[Any]:
-        """Arrow tables of the table's files.
+        """Arrow tables of the table's files, each with its ``rank``.
 
         A file that vanishes while being read was compacted meanwhile: list again rather than
         show fewer rows.
         """
+        pyarrow = require("pyarrow", "dataframe")
         parquet = require("pyarrow.parquet", "dataframe")
         for _ in range(_RETRIES):
             pieces = []
             try:
                 for path in self._readable(table):
                     with self._fs.open(path, "rb") as file:
-                        pieces.append(parquet.read_table(file))
+                        piece = parquet.read_table(file)
+                    if "rank" not in piece.column_names:  # written before tables had one
+                        rank = pyarrow.array([0] * piece.num_rows, pyarrow.int32())
+                        piece = piece.append_column("rank", rank)
+                    pieces.append(piece)
             except FileNotFoundError:
                 continue
             return pieces
         raise RuntimeError(f"{self.path}: {table} kept changing while being read")
 
     def _readable(self, table: str) -> list[str]:
-        """Paths of the table's files that can be read, damaged ones left out with a warning."""
-        if table == "calls":
-            path = self._join(CALLS_FILE)
-            return [path] if self._fs.exists(path) else []
+        """Paths of the table's files of every rank, damaged ones left out with a warning."""
         parquet = require("pyarrow.parquet", "dataframe")
-        directory = self._join(table)
-        if not self._fs.exists(directory):
-            return []
-        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self._fs.ls(directory, detail=False)]
-        readable = []
-        for name in files_to_read(names):
-            path = f"{directory}/{name}"
-            try:
-                with self._fs.open(path, "rb") as file:
-                    parquet.read_metadata(file)
-            except FileNotFoundError:
-                raise  # compacted meanwhile: the caller lists again
-            except Exception as error:  # any damage: truncated, garbage
-                _warn_damaged(path, error)
-                continue
-            readable.append(path)
-        return readable
+        paths = []
+        for _, place in self._places():
+            if table == "calls":
+                names = [CALLS_FILE] if self._fs.exists(f"{place}/{CALLS_FILE}") else []
+                directory = place
+            else:
+                directory = f"{place}/{table}"
+                if not self._fs.exists(directory):
+                    continue
+                listed = self._fs.ls(directory, detail=False)
+                names = files_to_read([p.rstrip("/").rsplit("/", 1)[-1] for p in listed])
+            for name in names:
+                path = f"{directory}/{name}"
+                try:
+                    with self._fs.open(path, "rb") as file:
+                        columns = parquet.read_metadata(file).schema.names
+                except FileNotFoundError:
+                    raise  # compacted meanwhile: the caller lists again
+                except Exception as error:  # any damage: truncated, garbage
+                    _warn_damaged(path, error)
+                    continue
+                if "rank" not in columns:
+                    self._rankless.add(path)
+                paths.append(path)
+        return paths
+
+    def _empty(self, table: str) -> Any:
+        """An empty Arrow table with the table's columns."""
+        from layerscope.store._arrow import (
+            ALERTS_SCHEMA,
+            CALLS_SCHEMA,
+            SCALARS_SCHEMA,
+            stats_schema,
+        )
+
+        if table == "stats":
+            config = self.meta.get("config", {})
+            schema = stats_schema(
+                config.get("stats", ()),
+                config.get("custom_stats", ()),
+                histogram=bool(self.meta.get("histogram_edges")),
+            )
+        else:
+            schema = {"scalars": SCALARS_SCHEMA, "alerts": ALERTS_SCHEMA}.get(table, CALLS_SCHEMA)
+        return schema.empty_table()
 
     def _url(self, path: str) -> str:
         protocol = self._fs.protocol
         protocol = protocol[0] if isinstance(protocol, tuple) else protocol
         return path if protocol in ("file", "local") else f"{protocol}://{path.lstrip('/')}"
 
-    def _join(self, relative: str) -> str:
-        return f"{self._root.rstrip('/')}/{relative}"
+
+# Runs whose DuckDB database is open. Each is closed at exit: a connection still alive when
+# the interpreter shuts down (a Run kept by a thread, a cycle) makes DuckDB's bindings print
+# "nanobind: leaked ... instances" on stderr.
+_DATABASES: weakref.WeakSet[Run] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_databases() -> None:
+    for run in list(_DATABASES):
+        run._close_database()
 
 
 def load(path: str | os.PathLike[str]) -> Run:
     """Open a run written by ``layerscope.watch(model, run=path)``, finished or not.
+
+    The files of every rank of a distributed job are read as one run.
 
     Args:
         path: the run's directory, a local path or an fsspec URL.
@@ -247,24 +381,40 @@ def load(path: str | os.PathLike[str]) -> Run:
         written shows more rows each time.
 
     Raises:
+        TypeError: ``path`` is not a path or URL.
+        NotADirectoryError: ``path`` is a file.
         FileNotFoundError: no run is there.
+        ValueError: a newer layerscope wrote the run.
     """
     return Run(path)
 
 
 def runs(root: str | os.PathLike[str]) -> pandas.DataFrame:
-    """The runs directly under ``root``: name, path, status, steps, started, ended.
+    """The runs directly under ``root``: name, path, status, steps, ranks, started, ended.
+
+    ``ranks`` counts the ranks that wrote files. A run's rank directories are not runs.
+
+    Raises:
+        TypeError: ``root`` is not a path or URL.
+        FileNotFoundError: there is no ``root``.
+        NotADirectoryError: ``root`` is a file.
 
     Example::
 
         layerscope.runs("runs")
     """
+    if not isinstance(root, str | os.PathLike):
+        raise TypeError(f"root: expected the path or URL of a folder, got {type(root).__name__}")
     pandas = require("pandas", "dataframe")
     fsspec = require("fsspec", "dataframe")
     fs, base = fsspec.core.url_to_fs(os.fspath(root))
+    if not fs.exists(base):
+        raise FileNotFoundError(f"root: no folder at {os.fspath(root)}")
+    if not fs.isdir(base):
+        raise NotADirectoryError(f"root: {os.fspath(root)} is a file, not a folder of runs")
     rows = []
-    for entry in sorted(fs.ls(base, detail=False)) if fs.exists(base) else []:
-        if not fs.exists(f"{entry.rstrip('/')}/{RUN_FILE}"):
+    for entry in sorted(fs.ls(base, detail=False)):
+        if not _holds_run(fs, entry.rstrip("/")):
             continue
         name = entry.rstrip("/").rsplit("/", 1)[-1]
         local = fs.protocol in ("file", ("file", "local"))
@@ -274,24 +424,52 @@ def runs(root: str | os.PathLike[str]) -> pandas.DataFrame:
         except (OSError, ValueError) as error:
             _warn_damaged(location, error)
             continue
+        rank = directory_rank(name)
+        if rank is not None and meta.get("rank") == rank:
+            continue  # the directory of a rank of the run at root, not a run
         rows.append(
             {
                 "name": meta.get("name"),
                 "path": location,
                 "status": meta.get("status"),
                 "steps": meta.get("steps"),
+                "ranks": len(meta["ranks"]),
                 "started": pandas.to_datetime(meta.get("started"), unit="s"),
                 "ended": pandas.to_datetime(meta.get("ended"), unit="s"),
             }
         )
-    columns = ["name", "path", "status", "steps", "started", "ended"]
+    columns = ["name", "path", "status", "steps", "ranks", "started", "ended"]
     return pandas.DataFrame(rows, columns=columns)
 
 
+def _holds_run(fs: Any, directory: str) -> bool:
+    """Whether ``directory`` holds a run: a ``run.json`` of its own or of one of its ranks."""
+    if fs.exists(f"{directory}/{RUN_FILE}"):
+        return True
+    if not fs.isdir(directory):
+        return False
+    return any(
+        directory_rank(path.rstrip("/").rsplit("/", 1)[-1]) is not None
+        and fs.exists(f"{path.rstrip('/')}/{RUN_FILE}")
+        for path in fs.ls(directory, detail=False)
+    )
+
+
 def _status(meta: dict[str, Any]) -> str:
-    """The saved status, or ``"crashed"`` for a run marked running whose process is gone."""
+    """The saved status, or ``"crashed"`` for a run marked running whose process is gone.
+
+    A process is gone when its heartbeat (``updated``, renewed at every flush) is older than
+    ten heartbeats and a minute, on any host; or, on this host, when its pid is gone.
+    """
     status = str(meta.get("status", "unknown"))
-    if status != "running" or meta.get("host") != socket.gethostname():
+    if status != "running":
+        return status
+    updated, beat = meta.get("updated"), meta.get("heartbeat_seconds")
+    if isinstance(updated, int | float) and isinstance(beat, int | float):
+        silence = max(_MIN_SILENCE_SECONDS, _HEARTBEATS_MISSED * beat)
+        if time.time() - updated > silence:
+            return "crashed"
+    if meta.get("host") != socket.gethostname():
         return status
     try:
         os.kill(int(meta["pid"]), 0)
@@ -302,14 +480,12 @@ def _status(meta: dict[str, Any]) -> str:
     return status
 
 
-def _empty(table: str) -> Any:
-    from layerscope.store._arrow import ALERTS_SCHEMA, CALLS_SCHEMA, SCALARS_SCHEMA
-
-    pyarrow = require("pyarrow", "dataframe")
-    schema = {"scalars": SCALARS_SCHEMA, "alerts": ALERTS_SCHEMA, "calls": CALLS_SCHEMA}.get(
-        table, pyarrow.schema([("step", pyarrow.int64())])
-    )
-    return schema.empty_table()
+def _combined(statuses: list[str]) -> str:
+    """The run's status from its ranks': the first of crashed, failed, running any has."""
+    for status in _STATUS_ORDER:
+        if status in statuses:
+            return status
+    return "finished" if all(s == "finished" for s in statuses) else statuses[0]
 
 
 def _warn_damaged(path: str, error: BaseException) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import math
@@ -29,6 +30,7 @@ from layerscope.store._layout import (
     compacted_name,
     files_to_read,
     next_segment,
+    rank_directory,
     segment_name,
     segment_range,
 )
@@ -51,6 +53,13 @@ class ParquetStore:
     last flush. ``close`` compacts each table into one file. An ``OSError`` (a full disk, a
     vanished directory) drops the rows of that flush, counts them in ``run.json`` and warns
     once; training goes on.
+
+    Every rank of a distributed job writes into the same directory: rank 0 at its root, rank
+    ``r`` in ``rank-0000r/`` (see ``layerscope.store._layout``). The rank is asked for only
+    when the first rows are written (or at ``close``), so a model watched before
+    ``init_process_group`` still writes where its rank belongs; until then nothing but the
+    directory itself exists. ``run.json`` is rewritten at every flush, also an idle one: its
+    ``updated`` time is the heartbeat by which a reader on any host tells a run that died.
 
     Args:
         path: the run's directory: a local path or an fsspec URL (``memory://``, ``s3://``...).
@@ -97,12 +106,19 @@ class ParquetStore:
         self.flush_steps = flush_steps
         self.flush_seconds = float(flush_seconds)
         self.name = name or self.path.rstrip("/").rsplit("/", 1)[-1]
-        self.dropped_rows = 0
+        self.dropped_rows = 0  # rows of the stats table this store could not write
+        self.dropped_scalars = 0  # scalars this store could not write
         self._pending: dict[str, list[Any]] = {table: [] for table in SEGMENTED_TABLES}
         self._calls: Any = None
         self._segments: dict[str, int] = {}
         self._meta: dict[str, Any] = {}
+        self._info: RunInfo | None = None
+        self._place = ""  # this rank's directory, once its files are made
+        self._first_segments: dict[str, int] = {}  # the first segment of each table it wrote
+        self._made_root = False  # whether start made the run's directory
+        self._discarded = False
         self._written_rows = 0
+        self._written_scalars = 0
         self._steps = 0
         self._in_flight: threading.Thread | None = None
         self._file_error: Exception | None = None
@@ -114,65 +130,140 @@ class ParquetStore:
     # ------------------------------------------------------------------ the Sink protocol
 
     def start(self, info: RunInfo) -> None:
-        """Create the directory and write ``run.json`` and ``modules.json``."""
+        """Check that no run is where this one goes, and make the run's directory.
+
+        The rank is not asked for here (a process group may come up later): the place
+        checked is the rank's own if it is known already, the root otherwise. The rank's
+        files are made when its first rows are written; see ``_open``.
+
+        Raises:
+            FileExistsError: a run is there already.
+            OSError: the directory cannot be made.
+        """
         require("pyarrow", "dataframe")
         fsspec = require("fsspec", "dataframe")
-        self._fs, self._root = fsspec.core.url_to_fs(self.path)
-        if self._fs.exists(self._join(RUN_FILE)):
+        self._fs, root = fsspec.core.url_to_fs(self.path)
+        self._root = root.rstrip("/")
+        self._info = info
+        known = info.place.peek()
+        place = rank_directory(known[0]) if known is not None else ""
+        self._check_free(place)
+        try:
+            self._made_root = not self._fs.exists(self._root)
+            self._fs.makedirs(self._root, exist_ok=True)
+        except OSError as error:  # before training: better said now than dropped later
+            raise OSError(f"run: cannot make the run directory {self.path}: {error}") from error
+
+    def discard(self) -> None:
+        """Undo ``start`` (and what was written since): for a ``watch()`` that failed after it.
+
+        Only this store's own files go; the run's directory goes too if this store made it
+        and nothing else is in it now (another rank may have written there meanwhile). Call it
+        once the writer thread has stopped; the store writes nothing afterwards.
+        """
+        if self._info is None or self._discarded:
+            return
+        self._discarded = True
+        self._join_in_flight()
+        self._pending = {table: [] for table in SEGMENTED_TABLES}
+        self._calls = None
+        if self._place:
+            for name in (RUN_FILE, MODULES_FILE, CALLS_FILE):
+                if self._fs.exists(self._join(name)):
+                    self._fs.rm(self._join(name))
+            for table in SEGMENTED_TABLES:
+                for name in self._list(table):
+                    span = segment_range(name)
+                    if span is not None and span[0] >= self._first_segments[table]:
+                        self._fs.rm(self._join(f"{table}/{name}"))
+                _remove_if_empty(self._fs, self._join(table))
+            if self._place != self._root:
+                _remove_if_empty(self._fs, self._place)
+        if self._made_root:
+            _remove_if_empty(self._fs, self._root)
+
+    def _check_free(self, place: str) -> None:
+        """Raise ``FileExistsError`` if ``place`` (relative to the root) holds a run."""
+        where = f"{self._root}/{place}".rstrip("/")
+        if self._fs.exists(f"{where}/{RUN_FILE}"):
+            whose = f" (at {place})" if place else ""
             raise FileExistsError(
-                f"run: {self.path} already holds a run; layerscope never overwrites one. "
-                f"Pass a new directory."
+                f"run: {self.path} already holds a run{whose}; layerscope never overwrites "
+                f"one. Pass a new directory."
             )
+
+    def _open(self) -> None:
+        """Fix the rank and make its files: table directories, ``modules.json``, ``run.json``.
+
+        Raises ``FileExistsError`` if the rank's place holds a run of another process by now.
+        """
+        info = self._info
+        assert info is not None, "start() first"
+        rank, world_size = info.place.fix()
+        place = rank_directory(rank)
+        self._check_free(place)
+        self._place = f"{self._root}/{place}".rstrip("/")
         try:
             for table in SEGMENTED_TABLES:
                 self._fs.makedirs(self._join(table), exist_ok=True)
                 self._segments[table] = next_segment(self._list(table))
-        except OSError as error:  # before training: better said now than dropped later
-            raise OSError(f"run: cannot make the run directory {self.path}: {error}") from error
-        self._meta = {
-            "schema": SCHEMA_VERSION,
-            "id": info.id,
-            "name": self.name,
-            "status": "running",
-            "started": info.started,
-            "ended": None,
-            "updated": time.time(),
-            "user": _user(),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "rank": info.rank,
-            "versions": {
-                "python": platform.python_version(),
-                "torch": torch.__version__,
-                "layerscope": _layerscope_version(),
-            },
-            "argv": list(sys.argv),
-            "config": info.config,
-            "histogram_edges": info.histogram_edges,
-            "steps": 0,
-            "recorded_rows": 0,
-            "written_rows": 0,
-            "dropped_rows": 0,
-            "failures": 0,
-            "cost_seconds": 0.0,
-            "writer_seconds": 0.0,
-        }
-        modules = [module.to_dict() for module in info.modules]
-        self._write_bytes(MODULES_FILE, json.dumps(modules, indent=1).encode())
-        self._write_meta()
+            self._first_segments = dict(self._segments)
+            self._meta = {
+                "schema": SCHEMA_VERSION,
+                "id": info.id,
+                "name": self.name,
+                "status": "running",
+                "started": info.started,
+                "ended": None,
+                "updated": time.time(),
+                # How often ``updated`` is renewed while the process lives: a reader takes a
+                # run whose heartbeat stopped for long for one that crashed.
+                "heartbeat_seconds": self.flush_seconds,
+                "user": _user(),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "rank": rank,
+                "world_size": world_size,
+                "versions": {
+                    "python": platform.python_version(),
+                    "torch": torch.__version__,
+                    "layerscope": _layerscope_version(),
+                },
+                "argv": list(sys.argv),
+                "config": info.config,
+                "histogram_edges": info.histogram_edges,
+                "steps": 0,
+                # Rows of the stats table; scalars are counted apart.
+                "recorded_rows": 0,
+                "written_rows": 0,
+                "dropped_rows": 0,
+                "written_scalars": 0,
+                "dropped_scalars": 0,
+                "failures": 0,
+                "cost_seconds": 0.0,
+                "writer_seconds": 0.0,
+            }
+            modules = [module.to_dict() for module in info.modules]
+            self._write_bytes(MODULES_FILE, json.dumps(modules, indent=1).encode())
+            self._write_meta()
+        except BaseException:
+            self._place = ""  # the next rows try again
+            raise
 
     def write(self, records: Records) -> None:
         """Convert the records to Arrow; they are written at the next flush."""
         from layerscope.store._arrow import calls_table, scalars_table, stats_table
 
+        if self._discarded:
+            return
         if records.stats is not None and len(records.stats):
             self._pending["stats"].append(stats_table(records.stats))
             self._steps = max(self._steps, int(records.stats.step.max()) + 1)
         if records.scalars:
-            self._pending["scalars"].append(scalars_table(records.scalars))
+            self._pending["scalars"].append(scalars_table(records.scalars, self._rank()))
             self._steps = max(self._steps, max(step for step, _, _ in records.scalars) + 1)
         if records.calls:
-            self._calls = calls_table(records.calls)
+            self._calls = calls_table(records.calls, self._rank())
 
     def flush(self) -> None:
         """Start writing one segment per table that has rows waiting, then ``run.json``.
@@ -181,8 +272,14 @@ class ParquetStore:
         these are compressed and written; one flush at a time is in flight. An error of a
         flush (an ``OSError`` of a full disk) is raised by the next ``flush``, ``sync`` or
         ``close``, its rows counted as dropped.
+
+        The first flush with rows makes the rank's files. If another process's run is where
+        they go by then, that flush raises ``FileExistsError`` and its rows are dropped.
+        A flush with nothing to write before then does nothing: the rank stays unasked.
         """
         pyarrow = require("pyarrow", "dataframe")
+        if self._discarded:
+            return
         error = self._join_in_flight()
         tables = {}
         for table, pieces in self._pending.items():
@@ -190,6 +287,17 @@ class ParquetStore:
                 self._pending[table] = []
                 tables[table] = pyarrow.concat_tables(pieces, promote_options="permissive")
         calls, self._calls = self._calls, None
+        if not self._place:
+            if not tables and calls is None:
+                if error is not None:
+                    raise error
+                return
+            try:
+                self._open()
+            except Exception:
+                for table, data in tables.items():
+                    self._count_dropped(table, data.num_rows)
+                raise
         thread = threading.Thread(
             target=self._write_segments,
             args=(tables, calls, self._steps),
@@ -200,6 +308,16 @@ class ParquetStore:
         self._in_flight = thread
         if error is not None:
             raise error
+
+    def _rank(self) -> int:
+        assert self._info is not None, "start() first"
+        return self._info.rank
+
+    def _count_dropped(self, table: str, rows: int) -> None:
+        if table == "stats":
+            self.dropped_rows += rows
+        elif table == "scalars":
+            self.dropped_scalars += rows
 
     def sync(self) -> None:
         """Wait for the flush in flight; raise its error, if it had one."""
@@ -228,11 +346,14 @@ class ParquetStore:
             try:
                 self._write_table(f"{table}/{segment_name(index)}", data)
             except Exception as error:  # raised again by the next flush, on the writer thread
-                self.dropped_rows += data.num_rows
+                self._count_dropped(table, data.num_rows)
                 self._file_error = self._file_error or error
                 continue
             self._segments[table] = index + 1
-            self._written_rows += data.num_rows if table == "stats" else 0
+            if table == "stats":
+                self._written_rows += data.num_rows
+            elif table == "scalars":
+                self._written_scalars += data.num_rows
         try:
             if calls is not None:
                 self._write_table(CALLS_FILE, calls)
@@ -241,20 +362,38 @@ class ParquetStore:
                 steps=steps,
                 written_rows=self._written_rows,
                 dropped_rows=self.dropped_rows,
+                written_scalars=self._written_scalars,
+                dropped_scalars=self.dropped_scalars,
             )
             self._write_meta()
         except Exception as error:
             self._file_error = self._file_error or error
 
     def close(self, summary: RunSummary) -> None:
-        """Write what waits, compact each table into one file and record how the run ended."""
+        """Write what waits, compact each table into one file and record how the run ended.
+
+        A run that wrote no rows gets its files now: it existed, and ``run.json`` says how it
+        ended.
+        """
+        if self._discarded:
+            return
         try:
             self.flush()
         finally:
             # Whatever flush raised, no segment may still be on its way when compaction starts.
             late = self._join_in_flight()
+            if not self._place:
+                self._open()  # raises where another run is: nothing of it is touched
             for table in SEGMENTED_TABLES:
-                self._compact(table)
+                # Compacting a long run takes a while: a heartbeat before each table, so that
+                # no reader takes the run for a crashed one meanwhile.
+                with contextlib.suppress(OSError):  # the last write below says what failed
+                    self._meta.update(updated=time.time())
+                    self._write_meta()
+                try:
+                    self._compact(table)
+                except Exception as error:  # its segments stay, as readable as before
+                    late = late or error
             self._meta.update(
                 status=summary.status,
                 ended=summary.ended,
@@ -263,6 +402,8 @@ class ParquetStore:
                 recorded_rows=summary.recorded_rows,
                 written_rows=self._written_rows,
                 dropped_rows=self.dropped_rows + summary.dropped_rows,
+                written_scalars=self._written_scalars,
+                dropped_scalars=self.dropped_scalars + summary.dropped_scalars,
                 failures=summary.failures,
                 cost_seconds=summary.cost_seconds,
                 writer_seconds=summary.writer_seconds + self._file_seconds,
@@ -372,7 +513,8 @@ class ParquetStore:
         ]
 
     def _join(self, relative: str) -> str:
-        return f"{self._root.rstrip('/')}/{relative}"
+        """``relative`` in this rank's directory."""
+        return f"{self._place}/{relative}"
 
 
 def _check_count(name: str, value: object) -> None:
@@ -380,6 +522,15 @@ def _check_count(name: str, value: object) -> None:
         raise TypeError(f"{name}: expected an int >= 1, got {value!r}")
     if value < 1:
         raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+
+
+def _remove_if_empty(fs: Any, directory: str) -> None:
+    """Remove ``directory`` if it exists and holds nothing; leave it otherwise."""
+    try:
+        if fs.exists(directory) and not fs.ls(directory, detail=False):
+            fs.rmdir(directory)
+    except OSError:  # something appeared meanwhile, or it went: either way, not ours to take
+        pass
 
 
 def _conform(table: Any, schema: Any) -> Any:
