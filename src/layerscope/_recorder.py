@@ -19,8 +19,10 @@ from torch import Tensor
 
 from layerscope._buffer import DeviceRows
 from layerscope._kinds import STATE_KINDS, Kind
+from layerscope._nested import shape_of, values_of
 from layerscope._pipeline import Pipeline
 from layerscope._readings import CustomRef, Readings
+from layerscope._shards import local_tensor, shard_label
 from layerscope._table import Batch, Extreme, Form, Identities, Identity
 from layerscope.stats import CustomStat, HistogramSpec
 from layerscope.stats._partials import write_partials
@@ -92,7 +94,7 @@ class Recorder:
         self.open_steps: Callable[[], tuple[int, int]] = lambda: (0, 0)
         self._fail = fail
         self._seen: dict[int, _Seen] = {}  # id(tensor) -> its row, until the next flush
-        self._forms: dict[tuple[torch.dtype, torch.Size], int] = {}
+        self._forms: dict[tuple[torch.dtype, tuple[int, ...], str | None], int] = {}
         self._identity_codes: dict[tuple[str, Kind, str, int, str], int] = {}
 
     def record(
@@ -105,27 +107,33 @@ class Recorder:
         phase: str,
         tensor: Tensor,
         also_owned_by: Sequence[Owner] = (),
+        shard: str | None = None,
     ) -> None:
         """Compute the partials of ``tensor`` on its device and keep them for the next flush.
 
         A tensor already recorded since the last flush, and not modified since, shares that
-        row: a module's input is usually the output of the module before it.
+        row: a module's input is usually the output of the module before it. ``shard`` labels
+        the shard of a sharded tensor that ``tensor`` was computed from (an update); a DTensor
+        is read as its local shard and labelled itself.
         """
-        _check_strided(tensor)
+        if type(tensor) is not Tensor:  # a parameter, a DTensor, another subclass
+            tensor, shard = _local(tensor, shard)
+        values = values_of(tensor)  # a nested tensor's elements, any other tensor itself
+        _check_strided(values)
         seen = self._seen.get(id(tensor))
         if seen is not None and seen.tensor() is tensor and seen.version == _version(tensor):
             buffer_id, index, custom = seen.buffer_id, seen.row, seen.custom
         else:
             buffer_id, rows = self._rows_on(tensor.device)
             index = rows.reserve()
-            write_partials(tensor, self.histogram, rows.data, index)
-            custom = self._custom_stats(rows, tensor) if self.custom else ()
+            write_partials(values, self.histogram, rows.data, index)
+            custom = self._custom_stats(rows, values) if self.custom else ()
             version = _version(tensor)
             if version is not None:
                 self._seen[id(tensor)] = _Seen(
                     weakref.ref(tensor), version, buffer_id, index, custom
                 )
-        form = self._form_code(tensor)
+        form = self._form_code(tensor, shard)
         replaces = kind in STATE_KINDS
         readings = self.readings
         code = self._identity_code(target, kind, name, call, phase)
@@ -152,14 +160,18 @@ class Recorder:
         NaN and Inf propagate into them, so a non-finite value shows; tensors that are not
         floating point or are empty are skipped.
         """
-        if not tensor.is_floating_point() or tensor.numel() == 0:
+        shard = None
+        if type(tensor) is not Tensor:
+            tensor, shard = _local(tensor, shard)
+        values = values_of(tensor)  # a nested tensor's elements, any other tensor itself
+        if not values.is_floating_point() or values.numel() == 0:
             return
-        _check_strided(tensor)
+        _check_strided(values)
         buffer_id, rows = self._rows_on(tensor.device)
-        pair = rows.add_extremes(tensor)
+        pair = rows.add_extremes(values)
         code = self._identity_code(target, kind, name, call, phase)
-        form = self._form_code(tensor)
-        self.extremes.append(Extreme(step, code, form, buffer_id, pair, tensor.numel()))
+        form = self._form_code(tensor, shard)
+        self.extremes.append(Extreme(step, code, form, buffer_id, pair, values.numel()))
         if len(self.extremes) >= self.rows_per_flush:  # very many forwards in one step
             self.flush(final=False)
 
@@ -173,11 +185,13 @@ class Recorder:
             code = self._identity_codes[key] = self.identities.code(identity)
         return code
 
-    def _form_code(self, tensor: Tensor) -> int:
-        key = (tensor.dtype, tensor.shape)
+    def _form_code(self, tensor: Tensor, shard: str | None) -> int:
+        # A nested tensor's ragged dims are -1: its components' shapes differ.
+        shape = shape_of(tensor) if tensor.is_nested else tensor.shape
+        key = (tensor.dtype, shape, shard)
         code = self._forms.get(key)
         if code is None:
-            form = Form(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+            form = Form(str(tensor.dtype).removeprefix("torch."), tuple(shape), shard)
             code = self._forms[key] = self.identities.form_code(form)
         return code
 
@@ -271,6 +285,16 @@ class Recorder:
             entry = (len(self.buffers), DeviceRows(device, slots))
             self.buffers[device] = entry
         return entry
+
+
+def _local(tensor: Tensor, shard: str | None) -> tuple[Tensor, str | None]:
+    """This process's part of ``tensor``, and the label of its shard.
+
+    Reading a DTensor whole would be a collective on the training thread, where the ranks'
+    collectives must stay in step with the unwatched run's.
+    """
+    label = shard_label(tensor)
+    return local_tensor(tensor), shard if label is None else label
 
 
 def _check_strided(tensor: Tensor) -> None:

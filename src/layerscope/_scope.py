@@ -33,6 +33,7 @@ from layerscope._ranks import ProcessRank
 from layerscope._recorder import Owner, Recorder, Target
 from layerscope._schedule import Schedule
 from layerscope._select import select, unwrap
+from layerscope._shards import local_tensor, shard_label
 from layerscope._steps import StepClock
 from layerscope._table import (
     KEY_COLUMNS,
@@ -692,8 +693,8 @@ class Scope:
     def _snapshot_for_update(self, index: int) -> None:
         if Kind.UPDATE in self._kinds:
             snapshot = self._snapshots[index]
-            try:
-                snapshot.take([self._params[i][0] for i in self._positions[index]])
+            try:  # DTensors as their local shards: an op on a whole one may be a collective
+                snapshot.take([local_tensor(self._params[i][0]) for i in self._positions[index]])
             except Exception as error:
                 snapshot.release()
                 self._fail("copying the parameters before the step", error)
@@ -703,10 +704,12 @@ class Scope:
             return
         positions = self._positions[index]
         try:
-            updates = self._snapshots[index].updates([self._params[i][0] for i in positions])
+            params = [self._params[i][0] for i in positions]
+            updates = self._snapshots[index].updates([local_tensor(param) for param in params])
             if updates is not None:
-                for position, update in zip(positions, updates, strict=True):
-                    self._record_owned(Kind.UPDATE, self._params[position][1], update)
+                for position, param, update in zip(positions, params, updates, strict=True):
+                    owners = self._params[position][1]
+                    self._record_owned(Kind.UPDATE, owners, update, shard_label(param))
         except Exception as error:
             self._fail("reading the updates", error)
 
@@ -724,7 +727,9 @@ class Scope:
                 owner = owners[0]
                 self._fail(f"reading {kind.value} {owner.tensor!r} of {owner.module!r}", error)
 
-    def _record_owned(self, kind: Kind, owners: Sequence[Owner], tensor: Tensor) -> None:
+    def _record_owned(
+        self, kind: Kind, owners: Sequence[Owner], tensor: Tensor, shard: str | None = None
+    ) -> None:
         first = owners[0]
         target = Target(first.module, first.module_type)
         self._recorder.record(
@@ -736,6 +741,7 @@ class Scope:
             TRAIN,
             tensor,
             also_owned_by=owners[1:],
+            shard=shard,
         )
 
     # ---------------------------------------------------------------- steps and flushes

@@ -14,14 +14,16 @@ def named_tensors(value: object, prefix: str, depth: int = 0) -> Iterator[tuple[
     """Tensors inside ``value`` with dotted names: ``out``, ``out.0``, ``out.logits``.
 
     Walks tuples and lists (by index), namedtuples and dataclasses (by field), mappings such as
-    Hugging Face ``ModelOutput`` (by key); skips None and anything else.
+    Hugging Face ``ModelOutput`` (by key); skips None and anything else. Every tensor is a leaf,
+    whatever its kind: a nested tensor is not walked into its components, and a subclass
+    (``Parameter``, ``DTensor``, a wrapper subclass) comes out as it is.
 
     Example:
         >>> import torch
         >>> [name for name, _ in named_tensors((torch.ones(1), {"h": torch.ones(1)}), "out")]
         ['out.0', 'out.1.h']
     """
-    if isinstance(value, Tensor):
+    if isinstance(value, Tensor):  # first: a tensor subclass may look like a container too
         yield prefix, value
         return
     if depth >= _MAX_DEPTH or value is None or isinstance(value, str | bytes | int | float):

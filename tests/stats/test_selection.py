@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import torch
+from torch import Tensor, nn
+
+import layerscope
 from layerscope.stats import BUILTIN_STATS, StatSelection, parse_stats
 
 
 def rms(t: object) -> float:
     return 0.0
+
+
+def rms_of(t: Tensor) -> Tensor:
+    return t.float().pow(2).mean().sqrt()
 
 
 def test_none_is_every_builtin() -> None:
@@ -61,15 +70,57 @@ def test_names_and_dict_mixed() -> None:
     assert dict(selection.custom) == {"rms": rms, "top": max}
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["mean", "hist", "step", "phase", "rank", "module", "module_type", "kind", "tensor", "call",
-     "dtype", "shape", "numel", "nan_count"],
+# Every column of the stats table, written out here rather than taken from the package.
+TABLE_COLUMNS = (
+    "step", "phase", "rank", "module", "module_type", "kind", "tensor", "call", "sentinel",
+    "dtype", "shape", "shard", "numel", *BUILTIN_STATS, "hist", "hist_lo",
 )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TABLE_COLUMNS)
 def test_custom_name_may_not_shadow_a_column(name: str) -> None:
     with pytest.raises(ValueError, match="stats") as info:
         parse_stats({name: rms})
     assert repr(name) in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["Mean", "SENTINEL", "Hist_Lo", "Shard", "NUMEL"])
+def test_custom_name_may_not_shadow_a_column_in_another_case(name: str) -> None:
+    # SQL names ignore case: in run.sql a column 'Mean' beside 'mean' would read as 'mean'.
+    with pytest.raises(ValueError, match="stats") as info:
+        parse_stats([{name: rms}])
+    assert repr(name) in str(info.value)
+
+
+def test_custom_names_may_not_differ_only_in_case() -> None:
+    with pytest.raises(ValueError, match="stats") as info:
+        parse_stats([{"rms": rms}, {"RMS": abs}])
+    assert "'rms'" in str(info.value)
+    assert "'RMS'" in str(info.value)
+    assert dict(parse_stats([{"rms": rms}, {"rms": abs}]).custom) == {"rms": abs}  # the last
+
+
+def test_every_stored_column_is_refused_as_a_custom_name(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("duckdb")
+    model = nn.Linear(3, 2)
+    path = tmp_path / "run"
+    # Sentinel rows too: every=Schedule(every=2) leaves step 1 to the sentinel.
+    schedule = layerscope.Schedule(every=2, dense=0, sentinel=True)
+    with layerscope.watch(model, every=schedule, run=path, stats={"rms": rms_of}) as scope:
+        for _ in range(3):
+            model(torch.randn(4, 3)).sum().backward()
+            scope.step()
+    stored = set(layerscope.load(path).sql("select * from stats").columns)
+    assert {"sentinel", "hist_lo", "hist", "rms"} <= stored
+    for name in stored - {"rms"}:
+        with pytest.raises(ValueError, match="stats"):
+            parse_stats({name: rms})
+
+
+def test_watch_refuses_a_custom_statistic_named_like_a_column() -> None:
+    with pytest.raises(ValueError, match=r"stats: .*'sentinel'"):
+        layerscope.watch(nn.Linear(2, 2), stats={"sentinel": rms_of})
 
 
 @pytest.mark.parametrize("name", ["", "two words", "1st", "a-b", "class", "lambda", 3, None])
@@ -85,7 +136,46 @@ def test_custom_must_be_callable(fn: object) -> None:
     assert "'rms'" in str(info.value)
 
 
-@pytest.mark.parametrize("arg", ["mean", rms, 3, 2.5, [3], ["mean", None], [["mean"]]])
+@pytest.mark.parametrize("arg", [rms, 3, 2.5, [3], ["mean", None], [["mean"]], b"mean"])
 def test_wrong_types(arg: object) -> None:
     with pytest.raises(TypeError, match="stats"):
         parse_stats(arg)
+
+
+@pytest.mark.parametrize("empty", [[], (), iter([]), set(), {}.keys()])
+def test_an_empty_list_selects_nothing_and_is_refused(empty: object) -> None:
+    # As capture=(): an empty list is a mistake; stats=None is how to ask for every statistic.
+    with pytest.raises(ValueError, match=r"stats: expected at least one statistic"):
+        parse_stats(empty)
+
+
+@pytest.mark.parametrize("no_custom", [{}, [{}]])
+def test_an_empty_dict_adds_no_custom_statistic_to_the_defaults(no_custom: object) -> None:
+    selection = parse_stats(no_custom)
+    assert selection.builtin == BUILTIN_STATS
+    assert dict(selection.custom) == {}
+
+
+@pytest.mark.parametrize("name", ["mean", "hist", "inf_count"])
+def test_one_name_as_a_string(name: str) -> None:
+    assert parse_stats(name) == parse_stats([name])
+    assert parse_stats(name).builtin == (name,)
+
+
+@pytest.mark.parametrize("name", ["median", "", "mean,std"])
+def test_one_unknown_name_as_a_string(name: str) -> None:
+    with pytest.raises(ValueError, match="stats: unknown statistic") as info:
+        parse_stats(name)
+    assert repr(name) in str(info.value)
+
+
+def test_watch_takes_one_statistic_as_a_string() -> None:
+    model = nn.Linear(3, 2)
+    with layerscope.watch(model, every=1, stats="absmax", capture=("activation",)) as scope:
+        output = model(torch.randn(4, 3))
+        scope.step()
+    frame = scope.frame()
+    assert "absmax" in frame
+    assert "mean" not in frame
+    assert "hist" not in frame
+    assert frame.absmax.tolist() == [pytest.approx(output.detach().abs().max().item())]

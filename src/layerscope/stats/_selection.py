@@ -14,23 +14,9 @@ from layerscope.stats._finalize import BUILTIN_STATS
 #: A custom statistic: takes the detached tensor as recorded, returns a scalar or 1-D tensor.
 CustomStat = Callable[[Tensor], "Tensor | float | int"]
 
-# Columns a custom statistic may not shadow.
-_RESERVED = frozenset(
-    (
-        "step",
-        "phase",
-        "rank",
-        "module",
-        "module_type",
-        "kind",
-        "tensor",
-        "call",
-        "dtype",
-        "shape",
-        "numel",
-        *BUILTIN_STATS,
-    )
-)
+# Columns of the stored stats table that no ``Chunk`` holds: Parquet keeps a histogram's counts
+# trimmed, from slot ``hist_lo`` on (store/_arrow.py, which imports pyarrow, so not from there).
+_STORE_COLUMNS = ("hist_lo",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,25 +28,35 @@ class StatSelection:
 
 
 def parse_stats(stats: object) -> StatSelection:
-    """Validate ``stats=``: None, names of built-ins, ``{name: fn}``, or a list of both.
+    """Validate ``stats=``: None, a name, names of built-ins, ``{name: fn}``, or a list of both.
 
-    Names select built-in statistics (``hist`` included); a mapping adds custom statistics to
-    the defaults, or to the names listed beside it.
+    None keeps every built-in statistic. Names select built-in statistics (``hist``
+    included); one name may be given as a string. A mapping adds custom statistics to the
+    defaults, or to the names listed beside it. An empty list selects nothing and is refused.
 
     Example:
         >>> parse_stats(["mean", "std"]).builtin
         ('mean', 'std')
+        >>> parse_stats("absmax").builtin
+        ('absmax',)
         >>> sorted(parse_stats({"rms": lambda t: t.float().pow(2).mean().sqrt()}).custom)
         ['rms']
     """
     if stats is None:
         return StatSelection()
-    if isinstance(stats, str) or callable(stats):
+    if callable(stats):
         raise TypeError(
             f"stats: expected a list of statistic names and/or a dict of name -> callable, "
             f"got {stats!r}"
         )
-    items = [stats] if isinstance(stats, Mapping) else list(_iterate(stats))
+    if isinstance(stats, str | Mapping):
+        items: list[object] = [stats]  # one name, not its letters
+    else:
+        items = _iterate(stats)
+    if not items:
+        raise ValueError(
+            "stats: expected at least one statistic, got none (stats=None keeps every built-in one)"
+        )
     names: list[str] = []
     custom: dict[str, CustomStat] = {}
     for item in items:
@@ -74,7 +70,7 @@ def parse_stats(stats: object) -> StatSelection:
                 names.append(item)
         elif isinstance(item, Mapping):
             for name, fn in item.items():
-                _check_custom(name, fn)
+                _check_custom(name, fn, custom)
                 custom[name] = fn
         else:
             raise TypeError(f"stats: expected a statistic name or a dict, got {item!r}")
@@ -93,10 +89,30 @@ def _iterate(stats: object) -> list[object]:
         ) from None
 
 
-def _check_custom(name: object, fn: object) -> None:
+def _table_columns() -> frozenset[str]:
+    """Every column of the stats table but the custom statistics, which may not reuse one."""
+    # Imported here: layerscope._table imports layerscope.stats, whose package imports this
+    # module, so a module-level import would be circular whichever side is imported first.
+    from layerscope._table import KEY_COLUMNS, META_COLUMNS
+
+    return frozenset((*KEY_COLUMNS, *META_COLUMNS, *BUILTIN_STATS, *_STORE_COLUMNS))
+
+
+def _check_custom(name: object, fn: object, earlier: Mapping[str, CustomStat]) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise ValueError(f"stats: a custom statistic needs an identifier as name, got {name!r}")
-    if name in _RESERVED:
-        raise ValueError(f"stats: custom statistic {name!r} would shadow a built-in column")
+    # SQL names are case-insensitive: in run.sql a custom 'Mean' would read as 'mean'.
+    folded = name.lower()
+    if folded in _table_columns():
+        raise ValueError(
+            f"stats: custom statistic {name!r} would clash with the stats table's column "
+            f"{folded!r}; give it another name"
+        )
+    clash = next((other for other in earlier if other.lower() == folded), None)
+    if clash is not None and clash != name:
+        raise ValueError(
+            f"stats: custom statistics {clash!r} and {name!r} differ only in case, "
+            f"which SQL does not tell apart"
+        )
     if not callable(fn):
         raise TypeError(f"stats: custom statistic {name!r} must be callable, got {fn!r}")
