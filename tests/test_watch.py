@@ -112,6 +112,21 @@ def test_optimizer_wrappers_are_looked_through_and_unhookable_ones_refused(tmp_p
     assert all(not m._forward_hooks for m in model.modules())
 
 
+def test_a_watch_that_fails_after_the_store_started_leaves_no_run_behind(tmp_path, monkeypatch):
+    def refuse(self):
+        raise RuntimeError("no hooks today")
+
+    monkeypatch.setattr(layerscope.Scope, "_register", refuse)
+    model = _mlp()
+    with pytest.raises(RuntimeError, match="no hooks today"):
+        layerscope.watch(model, run=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+    monkeypatch.undo()
+    with layerscope.watch(model, every=1, run=tmp_path / "r") as scope:  # the retry works
+        _step(model, scope)
+    assert len(layerscope.load(tmp_path / "r").stats) == len(scope.frame())
+
+
 def test_schedule_records_dense_then_sparse_steps():
     schedule = Schedule(every=5, start=2, stop=20, dense=3)
     assert [s for s in range(30) if schedule.records(s)] == [2, 3, 4, 7, 12, 17]
