@@ -890,5 +890,5 @@ def _fp16_autocast(param: Tensor) -> bool:
         return bool(torch.is_autocast_enabled(device)) and (
             torch.get_autocast_dtype(device) == torch.float16
         )
-    except (RuntimeError, TypeError):  # a device type autocast does not know
+    except (AttributeError, RuntimeError, TypeError):  # an older torch, an unknown device type
         return False
