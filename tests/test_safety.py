@@ -381,3 +381,17 @@ def test_the_writer_runs_torch_on_one_thread_and_leaves_training_threads_alone()
         assert later == [before]
     assert probe.counts
     assert set(probe.counts) == {1}
+
+
+def test_a_deep_copy_of_a_watched_model_is_not_recorded_as_the_model():
+    import copy
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    with layerscope.watch(model, every=1, capture=("activation", "grad")) as scope:
+        ema = copy.deepcopy(model)  # an EMA copy: deepcopy keeps the hooks
+        ema(torch.randn(5, 3)).sum().backward()
+        model(torch.randn(2, 3)).sum().backward()
+        scope.step()
+    frame = scope.frame()
+    assert set(frame.numel[frame.module == "0"]) == {2 * 4}  # the model's batch of 2 only
+    assert scope.failures == 0

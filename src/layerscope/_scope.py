@@ -89,6 +89,7 @@ class Scope:
         # Passes: a forward pass begins where the model is entered, at its root or, where
         # the root's forward never runs (Lightning's training_step), at a child of the root.
         self._entry_depth = 0
+        self._entries: set[int] = set()  # ids of the root and its children
         self._pass_entries: set[int] = set()  # ids of the modules that entered this pass
         self._pass_ended = True  # a backward pass ended since the pass began
         # An optimizer step ended a step since the last scope.step(); one is under way.
@@ -364,17 +365,18 @@ class Scope:
         self._hooks.add(root.register_forward_pre_hook(entry, prepend=True))
         # Children are entry points only until the root's forward is seen to run.
         children = {id(child): child for child in root.children()}
+        self._entries = {id(root), *children}
         for child in children.values():
             self._child_entry_hooks.add(child.register_forward_pre_hook(entry, prepend=True))
         for target, module in self._targets:
             hooks = self._hooks if Kind.INPUT in self._kinds else self._call_order_hooks
             hooks.add(
                 module.register_forward_pre_hook(
-                    self._gated(partial(self._on_enter, target)), with_kwargs=True
+                    self._gated(partial(self._on_enter, target, module)), with_kwargs=True
                 )
             )
             self._hooks.add(
-                module.register_forward_hook(self._gated(partial(self._on_exit, target)))
+                module.register_forward_hook(self._gated(partial(self._on_exit, target, module)))
             )
         # Registered last so that they run after every target's forward hook, also on errors.
         for child in children.values():
@@ -450,6 +452,8 @@ class Scope:
     # ---------------------------------------------------------------- passes
 
     def _on_entry(self, module: nn.Module, args: Any) -> None:
+        if id(module) not in self._entries:
+            return  # a copy of the model (deepcopy keeps hooks): not the model watched
         start = time.perf_counter()
         try:
             if self._entry_depth == 0 and not in_backward():
@@ -461,6 +465,8 @@ class Scope:
             self._seconds += time.perf_counter() - start
 
     def _on_leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        if id(module) not in self._entries:
+            return
         self._entry_depth = max(0, self._entry_depth - 1)
 
     def _begin_pass(self, module: nn.Module) -> None:
@@ -533,8 +539,11 @@ class Scope:
             return TRAIN if self._clock.training else EVAL
         return TRAIN if self._root.training and torch.is_grad_enabled() else EVAL
 
-    def _on_enter(self, target: Target, module: nn.Module, args: Any, kwargs: Any) -> None:
-        if not self._clock.recording or in_backward():
+    def _on_enter(
+        self, target: Target, watched: nn.Module, module: nn.Module, args: Any, kwargs: Any
+    ) -> None:
+        # A copy of the model (an EMA copy made by deepcopy keeps the hooks) is not watched.
+        if not self._clock.recording or in_backward() or module is not watched:
             return
         start = time.perf_counter()
         try:
@@ -551,9 +560,11 @@ class Scope:
         finally:
             self._seconds += time.perf_counter() - start
 
-    def _on_exit(self, target: Target, module: nn.Module, args: Any, output: Any) -> None:
+    def _on_exit(
+        self, target: Target, watched: nn.Module, module: nn.Module, args: Any, output: Any
+    ) -> None:
         clock = self._clock
-        if not (clock.recording or clock.watching):
+        if not (clock.recording or clock.watching) or module is not watched:
             return
         start = time.perf_counter()
         try:
