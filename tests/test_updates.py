@@ -61,7 +61,7 @@ def test_the_copy_is_kept_only_between_recorded_steps() -> None:
             model(torch.randn(2, 4)).pow(2).sum().backward()
             optimizer.step()
             optimizer.zero_grad()
-            held.append(scope._snapshots[0]._before is not None)
+            held.append(scope._parameters._snapshots[0]._before is not None)
     # Kept from step 0 into step 1; gone once the next step is not recorded.
     assert held == [True, False, False, False, False]
     assert sorted(set(scope.frame().step)) == [0, 1, 4]

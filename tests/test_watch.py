@@ -116,7 +116,9 @@ def test_a_watch_that_fails_after_the_store_started_leaves_no_run_behind(tmp_pat
     def refuse(self):
         raise RuntimeError("no hooks today")
 
-    monkeypatch.setattr(layerscope.Scope, "_register", refuse)
+    from layerscope._layer_hooks import LayerHooks
+
+    monkeypatch.setattr(LayerHooks, "register", refuse)
     model = _mlp()
     with pytest.raises(RuntimeError, match="no hooks today"):
         layerscope.watch(model, run=tmp_path / "r")

@@ -1,0 +1,356 @@
+"""The hooks on a model's modules: forward passes, activations, inputs and output gradients.
+
+A forward pass begins where the model is entered: at its root's forward, or, where that never
+runs (Lightning's ``training_step`` calls ``self.net(x)``), at a child of the root. Call
+indices count within a pass, so micro-batches and evaluation batches of a step merge by call.
+Every hook checks the ``StepClock``'s gates (Python bools) first and hands tensors to the
+``Recorder``; none reads a value back to the host.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from layerscope._cost import CostMeter
+from layerscope._hooks import HookHandles, in_backward
+from layerscope._kinds import Kind
+from layerscope._modules import CallEvent
+from layerscope._pipeline import Pipeline
+from layerscope._recorder import Recorder, Target
+from layerscope._steps import StepClock
+from layerscope._tree import named_tensors
+from layerscope.sinks._base import Records
+
+TRAIN = "train"
+EVAL = "eval"
+
+
+class LayerHooks:
+    """Forward, entry and gradient hooks of the watched modules, and the passes they see.
+
+    Args:
+        root: the model as a person thinks of it (wrappers looked through).
+        targets: the watched modules.
+        kinds: what is recorded.
+        clock: steps and gates.
+        recorder: where readings go.
+        pipeline: where the call order goes, once.
+        meter: the training thread's cost.
+        fail: counts and warns of a monitoring failure.
+        on_training_pass: called when a training pass begins, before it is counted (a step
+            that GradScaler skipped ends there).
+    """
+
+    def __init__(
+        self,
+        root: nn.Module,
+        targets: Sequence[tuple[Target, nn.Module]],
+        kinds: frozenset[Kind],
+        clock: StepClock,
+        recorder: Recorder,
+        pipeline: Pipeline,
+        meter: CostMeter,
+        fail: Callable[[str, BaseException], None],
+        on_training_pass: Callable[[], None],
+    ) -> None:
+        self._root = root
+        self._targets = list(targets)
+        self._kinds = kinds
+        self._clock = clock
+        self._recorder = recorder
+        self._pipeline = pipeline
+        self._meter = meter
+        self._fail = fail
+        self._on_training_pass = on_training_pass
+
+        self._handles = HookHandles()
+        self._call_order_handles = HookHandles()  # target pre-hooks kept for the call log
+        self._child_entry_handles = HookHandles()
+        self._entries: set[int] = set()  # ids of the root and its children
+        self._entry_depth = 0
+        self._pass_entries: set[int] = set()  # ids of the modules that entered this pass
+        self._pass_ended = True  # a backward pass ended since the pass began
+        self._call_counts: dict[tuple[str, str], int] = {}
+        self._checkpointed: dict[str, list[int]] = {}  # calls whose grads wait for recompute
+        self._calls: list[CallEvent] = []
+        self._calls_step: int | None = None  # the step whose call order is recorded
+        self._calls_open = True
+        self._calls_sent = False
+
+    @property
+    def calls(self) -> list[CallEvent]:
+        """Enter and exit order of the watched modules in the first recorded training pass."""
+        return list(self._calls)
+
+    # ---------------------------------------------------------------- registration
+
+    def register(self) -> None:
+        """Put every hook on the model."""
+        root = self._root
+        entry = self._entry_gated(self._on_entry)
+        leave = self._entry_gated(self._on_leave)
+        self._handles.add(root.register_forward_pre_hook(entry, prepend=True))
+        # Children are entry points only until the root's forward is seen to run.
+        children = {id(child): child for child in root.children()}
+        self._entries = {id(root), *children}
+        for child in children.values():
+            self._child_entry_handles.add(child.register_forward_pre_hook(entry, prepend=True))
+        for target, module in self._targets:
+            handles = self._handles if Kind.INPUT in self._kinds else self._call_order_handles
+            handles.add(
+                module.register_forward_pre_hook(
+                    self._gated(partial(self._on_enter, target, module)), with_kwargs=True
+                )
+            )
+            self._handles.add(
+                module.register_forward_hook(self._gated(partial(self._on_exit, target, module)))
+            )
+        # Registered last so that they run after every target's forward hook, also on errors.
+        for child in children.values():
+            self._child_entry_handles.add(child.register_forward_hook(leave, always_call=True))
+        self._handles.add(root.register_forward_hook(leave, always_call=True))
+
+    def remove(self) -> None:
+        """Take every hook off; safe to call twice."""
+        self._handles.remove()
+        self._call_order_handles.remove()
+        self._child_entry_handles.remove()
+        self._checkpointed.clear()
+
+    def _gated(self, hook: Callable[..., None]) -> Callable[..., None]:
+        """``hook`` behind a gate that torch.compile traces away on unrecorded steps.
+
+        The gate reads Python bools that dynamo guards on, so a compiled model keeps one
+        graph on unrecorded steps, where the sentinel watches only what runs eagerly; on
+        recorded steps the hook runs eagerly as a graph break, and the statistics are exactly
+        those of an eager run. The bools change only between passes, never within one.
+        """
+        # The disabling wrapper is made at the first compiled call: making it imports dynamo,
+        # a second and 70 MB that a model never compiled should not pay.
+        eager: list[Callable[..., None]] = []
+        clock = self._clock
+
+        def gate(*args: Any, **kwargs: Any) -> None:
+            compiling = torch.compiler.is_compiling()
+            # The sentinel stays out of compiled code: it would break the graph every step.
+            # Under compile `not compiling` comes first: no guard on watching, no recompile.
+            if clock.recording or (not compiling and clock.watching):
+                if not compiling:  # the disabling wrapper would only cost time here
+                    hook(*args, **kwargs)
+                    return
+                if not eager:
+                    eager.append(torch.compiler.disable(hook))  # type: ignore[no-untyped-call]  # untyped in torch
+                eager[0](*args, **kwargs)
+
+        return gate
+
+    def _entry_gated(self, hook: Callable[..., None]) -> Callable[..., None]:
+        """An entry hook: always run eagerly, and in compiled code only on recorded steps.
+
+        Entries end skipped steps and begin passes, which unrecorded steps need too; their
+        cost is one call where the model is entered, not one per module.
+        """
+        eager: list[Callable[..., None]] = []
+        clock = self._clock
+
+        def gate(*args: Any, **kwargs: Any) -> None:
+            if not torch.compiler.is_compiling():
+                hook(*args, **kwargs)
+            elif clock.recording:
+                if not eager:
+                    eager.append(torch.compiler.disable(hook))  # type: ignore[no-untyped-call]  # untyped in torch
+                eager[0](*args, **kwargs)
+
+        return gate
+
+    # ---------------------------------------------------------------- passes
+
+    def _on_entry(self, module: nn.Module, args: Any) -> None:
+        if id(module) not in self._entries:
+            return  # a copy of the model (deepcopy keeps hooks): not the model watched
+        start = time.perf_counter()
+        try:
+            if self._entry_depth == 0 and not in_backward():
+                self._begin_pass(module)
+        except Exception as error:
+            self._fail("beginning a forward pass", error)
+        finally:
+            self._entry_depth += 1
+            self._meter.seconds += time.perf_counter() - start
+
+    def _on_leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        if id(module) in self._entries:
+            self._entry_depth = max(0, self._entry_depth - 1)
+
+    def _begin_pass(self, module: nn.Module) -> None:
+        """The model is entered at ``module``, the root or one of its children.
+
+        At the root every entry is a pass. At children, a pass goes on while other children
+        enter it (an encoder, then a decoder) and ends when one enters again or a backward
+        pass has ended: then micro-batches and validation batches merge by call.
+        """
+        root = module is self._root
+        if root and len(self._child_entry_handles):
+            self._child_entry_handles.remove()  # the model is entered at its root
+        training = module.training and torch.is_grad_enabled()
+        if (
+            not root
+            and not self._pass_ended
+            and training == self._clock.training
+            and self._pass_entries
+            and id(module) not in self._pass_entries
+        ):
+            self._pass_entries.add(id(module))  # another part of the same pass
+            return
+        self._pass_entries = {id(module)}
+        self._pass_ended = False
+        if training:
+            self._on_training_pass()
+        if self._clock.begin_pass(training) and self._recorder.readings:
+            # The last step's evaluation is over: its rows are complete.
+            try:
+                self._recorder.flush(final=False, evaluated=True)
+            except Exception as error:
+                self._fail("flushing an evaluation", error)
+        self._call_counts.clear()
+        if self._calls:
+            self._calls_open = False  # one pass is the call order
+
+    def backward_ended(self) -> None:
+        """A backward pass has run: the next forward is a pass of its own."""
+        self._pass_ended = True
+
+    def step_ended(self) -> None:
+        """The step in progress ends: send its call order if it has one; passes start over."""
+        if self._calls_step == self._clock.step:
+            self._calls_open = False
+            self.send_calls()
+        if not self._calls_open:
+            self._call_order_handles.remove()
+        self._pass_entries = set()  # the next forward begins a pass
+        self._call_counts.clear()
+        self._checkpointed.clear()
+
+    def send_calls(self) -> None:
+        """Send the call order to the sinks, once."""
+        if self._calls and not self._calls_sent:
+            self._calls_sent = True
+            self._pipeline.submit(Records(calls=list(self._calls)))
+
+    # ---------------------------------------------------------------- module hooks
+
+    def _phase(self) -> str:
+        if self._entry_depth:
+            return TRAIN if self._clock.training else EVAL
+        return TRAIN if self._root.training and torch.is_grad_enabled() else EVAL
+
+    def _on_enter(
+        self, target: Target, watched: nn.Module, module: nn.Module, args: Any, kwargs: Any
+    ) -> None:
+        # A copy of the model (an EMA copy made by deepcopy keeps the hooks) is not watched.
+        if not self._clock.recording or in_backward() or module is not watched:
+            return
+        start = time.perf_counter()
+        try:
+            phase = self._phase()
+            call = self._call_counts.get((target.name, phase), 0)
+            if phase == TRAIN and self._calls_open:
+                self._log_call("enter", target, call)
+            if Kind.INPUT in self._kinds:
+                step = self._clock.pass_step
+                for name, tensor in _inputs(args, kwargs):
+                    self._recorder.record(step, target, Kind.INPUT, name, call, phase, tensor)
+        except Exception as error:
+            self._fail(f"the input hook of {target.name!r}", error)
+        finally:
+            self._meter.seconds += time.perf_counter() - start
+
+    def _on_exit(
+        self, target: Target, watched: nn.Module, module: nn.Module, args: Any, output: Any
+    ) -> None:
+        clock = self._clock
+        if not (clock.recording or clock.watching) or module is not watched:
+            return
+        start = time.perf_counter()
+        try:
+            if in_backward():
+                self._on_recompute(target, output)
+                return
+            phase = self._phase()
+            if not clock.recording and phase != TRAIN:
+                return  # the sentinel watches training, not evaluation
+            key = (target.name, phase)
+            call = self._call_counts.get(key, 0)
+            self._call_counts[key] = call + 1
+            if phase == TRAIN and self._calls_open and clock.recording:
+                self._log_call("exit", target, call)
+            record = self._recorder.record if clock.recording else self._recorder.record_extremes
+            step = clock.pass_step
+            if Kind.ACTIVATION in self._kinds:
+                for name, tensor in named_tensors(output, "out"):
+                    try:  # one output that cannot be read must not cost the others theirs
+                        record(step, target, Kind.ACTIVATION, name, call, phase, tensor)
+                    except Exception as error:
+                        self._fail(f"reading {name!r} of {target.name!r}", error)
+            if Kind.GRAD in self._kinds and phase == TRAIN:
+                hooked = self._hook_grads(target, call, output)
+                if not hooked and not torch.is_grad_enabled():
+                    # Inside a reentrant checkpoint: the output joins the graph when the
+                    # forward is recomputed during backward, and is hooked then.
+                    self._checkpointed.setdefault(target.name, []).append(call)
+        except Exception as error:
+            self._fail(f"the forward hook of {target.name!r}", error)
+        finally:
+            self._meter.seconds += time.perf_counter() - start
+
+    def _on_recompute(self, target: Target, output: Any) -> None:
+        """A checkpointed forward runs again during backward.
+
+        Its statistics are already recorded; only outputs that missed their gradient hook the
+        first time (inside a reentrant checkpoint, under no_grad) get it now.
+        """
+        pending = self._checkpointed.get(target.name)
+        if Kind.GRAD in self._kinds and pending:
+            # Segments recompute last first, so the latest unhooked call is the one running.
+            self._hook_grads(target, pending.pop(), output)
+
+    def _hook_grads(self, target: Target, call: int, output: Any) -> bool:
+        hooked = False
+        for name, tensor in named_tensors(output, "out"):
+            # A leaf (a parameter returned as it is) would keep its hook for good, one more
+            # each call; its gradient is read where it accumulates, as weight_grad.
+            if tensor.requires_grad and not tensor.is_leaf:
+                tensor.register_hook(partial(self._on_grad, target, name, call))  # type: ignore[no-untyped-call]  # untyped in torch
+                hooked = True
+        return hooked
+
+    def _on_grad(self, target: Target, name: str, call: int, grad: Tensor | None) -> None:
+        clock = self._clock
+        if not (clock.recording or clock.watching) or grad is None or not len(self._handles):
+            return  # also after remove(): a graph built before it may still run backward
+        start = time.perf_counter()
+        try:
+            record = self._recorder.record if clock.recording else self._recorder.record_extremes
+            record(clock.step, target, Kind.GRAD, name, call, TRAIN, grad)
+        except Exception as error:
+            self._fail(f"the gradient hook of {target.name!r}", error)
+        finally:
+            self._meter.seconds += time.perf_counter() - start
+
+    def _log_call(self, event: str, target: Target, call: int) -> None:
+        if self._calls_step is None:
+            self._calls_step = self._clock.step
+        if self._calls_step == self._clock.step:
+            self._calls.append(CallEvent(len(self._calls), event, target.name, call))
+
+
+def _inputs(args: Any, kwargs: Any) -> Iterator[tuple[str, Tensor]]:
+    yield from named_tensors(tuple(args), "in")
+    for key, value in (kwargs or {}).items():
+        yield from named_tensors(value, f"in.{key}")

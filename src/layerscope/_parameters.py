@@ -1,0 +1,317 @@
+"""Parameters and buffers: read at the optimizer's moments, or when backward ends.
+
+With ``optimizer=``, gradients are read just before each optimizer's step (after
+accumulation, unscaling and clipping; after the closure of LBFGS-style steps), the change the
+step made just after it, and weights and buffers when the training step ends. Without one,
+gradients are read when each backward pass ends: by the time ``scope.step()`` runs,
+``zero_grad()`` may have cleared them.
+
+One parameter, the probe, has a hook that runs once per backward pass: it tells that the model
+trained in this step, so that an iteration whose optimizer step GradScaler skipped is seen
+where the next one begins.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from layerscope._cost import CostMeter
+from layerscope._hooks import HookHandles, queue_at_backward_end
+from layerscope._kinds import Kind
+from layerscope._optimizers import owned_by
+from layerscope._recorder import Owner, Recorder, Target
+from layerscope._shards import local_tensor, shard_label
+from layerscope._steps import StepClock
+from layerscope._updates import UpdateSnapshot
+
+TRAIN = "train"
+
+
+class ParameterReads:
+    """The watched modules' parameters and buffers, and the hooks that read them.
+
+    Args:
+        root: the model.
+        targets: the watched modules.
+        optimizers: those given to ``watch()``; the first one's step ends a training step.
+        kinds: what is recorded.
+        clock: steps and gates.
+        recorder: where readings go.
+        meter: the training thread's cost.
+        fail: counts and warns of a monitoring failure.
+        end_step: ends the training step (the first optimizer's step calls it).
+    """
+
+    def __init__(
+        self,
+        root: nn.Module,
+        targets: Sequence[tuple[str, nn.Module]],
+        optimizers: Sequence[torch.optim.Optimizer],
+        kinds: frozenset[Kind],
+        clock: StepClock,
+        recorder: Recorder,
+        meter: CostMeter,
+        fail: Callable[[str, BaseException], None],
+        end_step: Callable[[], None],
+    ) -> None:
+        self._optimizers = list(optimizers)
+        self._kinds = kinds
+        self._clock = clock
+        self._recorder = recorder
+        self._meter = meter
+        self._fail = fail
+        self._end_step = end_step
+        self._params = _owned(targets, lambda m: m.named_parameters(recurse=False))
+        self._buffers = _owned(targets, lambda m: m.named_buffers(recurse=False))
+        self._probe = _probe(root, self._optimizers)
+        self._snapshots = [UpdateSnapshot() for _ in self._optimizers]
+        self._positions: list[list[int]] = [[] for _ in self._optimizers]
+        self._handles = HookHandles()
+        self._grad_read_queued = False
+        # An optimizer step ended a step since the last scope.step(); one is under way.
+        self.optimizer_ended = False
+        self.optimizer_stepping = False
+        self._backward_in_step = False  # a backward pass reached the probe in this step
+        self._fp16_pass = False  # the training pass ran under fp16 autocast (GradScaler)
+        self._on_backward: Callable[[], None] = _nothing
+
+    def register(self, on_backward: Callable[[], None]) -> None:
+        """Hook the probe, the optimizers, or (without one) each gradient's accumulation.
+
+        ``on_backward`` is called once per backward pass, from the probe's hook.
+        """
+        self._on_backward = on_backward
+        if self._probe is not None:
+            self._handles.add(
+                self._probe.register_post_accumulate_grad_hook(self._on_probe_grad)  # type: ignore[no-untyped-call]  # untyped in torch
+            )
+        for index, optimizer in enumerate(self._optimizers):
+            self._handles.add(optimizer.register_step_pre_hook(partial(self._before_step, index)))
+            self._handles.add(optimizer.register_step_post_hook(partial(self._after_step, index)))
+        if not self._optimizers and Kind.WEIGHT_GRAD in self._kinds:
+            for param, _ in self._params:
+                if param.requires_grad:
+                    self._handles.add(
+                        param.register_post_accumulate_grad_hook(self._on_grad_accumulated)  # type: ignore[no-untyped-call]  # untyped in torch
+                    )
+
+    def remove(self) -> None:
+        """Take every hook off and let go of the parameters and the update copies."""
+        self._handles.remove()
+        self._params = []
+        self._buffers = []
+        self._probe = None
+        for snapshot in self._snapshots:
+            snapshot.release()
+
+    # ---------------------------------------------------------------- the step's moments
+
+    def training_pass_begins(self) -> bool:
+        """A training pass begins; return True if the last iteration's step was skipped.
+
+        Skipped: a backward reached the probe in this step, no optimizer step followed, and
+        ``zero_grad()`` has cleared the gradient since (GradScaler skipped the step).
+        """
+        skipped = (
+            bool(self._optimizers)
+            and self._backward_in_step
+            and not self.optimizer_stepping
+            and self._probe is not None
+            and self._probe.grad is None
+        )
+        self._fp16_pass = self._probe is not None and _fp16_autocast(self._probe)
+        return skipped
+
+    def read_at_step_end(self, skipped: bool) -> None:
+        """Weights and buffers as the step leaves them; a skipped step's gradients too."""
+        if skipped:  # what backward left, unless zero_grad() has cleared it already
+            self.read(Kind.WEIGHT_GRAD)
+        self.read(Kind.WEIGHT)
+        self.read(Kind.BUFFER)
+
+    def step_ended(self) -> None:
+        """The step in progress has ended; the clock already shows the next one."""
+        if not self._clock.step_records:
+            for snapshot in self._snapshots:
+                snapshot.release()  # kept only from one recorded step to the next
+        self._backward_in_step = False
+        self.optimizer_stepping = False
+
+    def read(self, kind: Kind, positions: Sequence[int] | None = None) -> None:
+        """Record ``kind`` (weights, their gradients or buffers) of the watched modules."""
+        if kind not in self._kinds:
+            return
+        owned = self._buffers if kind is Kind.BUFFER else self._params
+        chosen = owned if positions is None else [owned[i] for i in positions]
+        for tensor, owners in chosen:
+            try:  # one tensor that cannot be read must not cost the others theirs
+                value = tensor.grad if kind is Kind.WEIGHT_GRAD else tensor
+                if value is not None:
+                    self._record(kind, owners, value)
+            except Exception as error:
+                owner = owners[0]
+                self._fail(f"reading {kind.value} {owner.tensor!r} of {owner.module!r}", error)
+
+    # ---------------------------------------------------------------- hooks
+
+    def _on_probe_grad(self, param: Tensor) -> None:
+        """A backward pass reached the probe parameter: one call per backward pass."""
+        if torch.compiler.is_compiling() or not len(self._handles):
+            return
+        self._backward_in_step = True
+        self._on_backward()
+        if self._fp16_pass and self._clock.step_records and Kind.WEIGHT_GRAD in self._kinds:
+            # Under fp16 autocast, GradScaler may skip the step and its gradients would go
+            # unread: read them as backward leaves them (scaled); the optimizer step's reading,
+            # unscaled, replaces this one when the step comes.
+            self._on_grad_accumulated(param)
+
+    def _on_grad_accumulated(self, param: Tensor) -> None:
+        if self._clock.step_records and not self._grad_read_queued and len(self._handles):
+            self._grad_read_queued = True
+            queue_at_backward_end(self._on_backward_end)
+
+    def _on_backward_end(self) -> None:
+        # Queued at the first gradient, this runs before callbacks queued later in the pass,
+        # such as DDP's, which writes the all-reduced gradients back when its last bucket is
+        # done. Queued again from here, the read runs after all of them.
+        queue_at_backward_end(self._read_grads_after_backward)
+
+    def _read_grads_after_backward(self) -> None:
+        self._grad_read_queued = False
+        # Each backward pass overwrites the last: after the final micro-batch, the reading is
+        # of the accumulated gradient.
+        self._meter.timed(self.read, Kind.WEIGHT_GRAD)
+
+    def _before_step(
+        self, index: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
+    ) -> tuple[Any, Any] | None:
+        if not len(self._handles):
+            return None
+        self.optimizer_stepping = True
+        if not self._clock.step_records:
+            return None
+        positions = self._positions[index] = owned_by(
+            self._optimizers, index, [param for param, _ in self._params]
+        )
+        # args[0] is the optimizer itself; the closure follows it or comes by keyword.
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        self._meter.timed(self._snapshot, index)
+        if closure is None:
+            self._meter.timed(self.read, Kind.WEIGHT_GRAD, positions)
+            return None
+
+        # The closure computes the gradients (LBFGS, Lightning): read them when it returns.
+        def closure_then_read() -> Any:
+            loss = closure()
+            self._meter.timed(self.read, Kind.WEIGHT_GRAD, positions)
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_read}
+        return (args[0], closure_then_read, *args[2:]), kwargs
+
+    def _after_step(
+        self, index: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
+    ) -> None:
+        if not len(self._handles):
+            return
+        start = time.perf_counter()
+        try:
+            self.optimizer_stepping = False
+            if self._clock.step_records:
+                self._record_updates(index)
+            if index == 0:  # the first optimizer's step ends the training step
+                self.optimizer_ended = True
+                self._end_step()
+        finally:
+            self._meter.seconds += time.perf_counter() - start
+
+    # ---------------------------------------------------------------- updates
+
+    def _snapshot(self, index: int) -> None:
+        if Kind.UPDATE in self._kinds:
+            snapshot = self._snapshots[index]
+            try:  # DTensors as their local shards: an op on a whole one may be a collective
+                snapshot.take([local_tensor(self._params[i][0]) for i in self._positions[index]])
+            except Exception as error:
+                snapshot.release()
+                self._fail("copying the parameters before the step", error)
+
+    def _record_updates(self, index: int) -> None:
+        if Kind.UPDATE not in self._kinds:
+            return
+        positions = self._positions[index]
+        try:
+            params = [self._params[i][0] for i in positions]
+            updates = self._snapshots[index].updates([local_tensor(param) for param in params])
+            if updates is not None:
+                for position, param, update in zip(positions, params, updates, strict=True):
+                    owners = self._params[position][1]
+                    self._record(Kind.UPDATE, owners, update, shard_label(param))
+        except Exception as error:
+            self._fail("reading the updates", error)
+
+    def _record(
+        self, kind: Kind, owners: Sequence[Owner], tensor: Tensor, shard: str | None = None
+    ) -> None:
+        first = owners[0]
+        target = Target(first.module, first.module_type)
+        self._recorder.record(
+            self._clock.step,
+            target,
+            kind,
+            first.tensor,
+            0,
+            TRAIN,
+            tensor,
+            also_owned_by=owners[1:],
+            shard=shard,
+        )
+
+
+def _owned(
+    targets: Sequence[tuple[str, nn.Module]],
+    named: Callable[[nn.Module], Iterator[tuple[str, Tensor]]],
+) -> list[tuple[Tensor, list[Owner]]]:
+    """Unique tensors of the targets with every target that owns each (tied weights)."""
+    owners: dict[int, tuple[Tensor, list[Owner]]] = {}
+    for name, module in targets:
+        for tensor_name, tensor in named(module):
+            entry = owners.setdefault(id(tensor), (tensor, []))
+            entry[1].append(Owner(name, type(module).__name__, tensor_name))
+    return list(owners.values())
+
+
+def _probe(root: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> Tensor | None:
+    """A parameter whose gradient tells that a backward pass ran: one hook, one call a pass.
+
+    The first trainable parameter of the model that the first optimizer steps (or of the
+    model, without an optimizer); None if there is none.
+    """
+    trainable = [param for param in root.parameters() if param.requires_grad]
+    if optimizers:
+        stepped = {id(param) for group in optimizers[0].param_groups for param in group["params"]}
+        trainable = [param for param in trainable if id(param) in stepped] or trainable
+    return trainable[0] if trainable else None
+
+
+def _fp16_autocast(param: Tensor) -> bool:
+    """Whether fp16 autocast is on for ``param``'s device: the mixed precision of GradScaler."""
+    device = param.device.type
+    try:
+        return bool(torch.is_autocast_enabled(device)) and (
+            torch.get_autocast_dtype(device) == torch.float16
+        )
+    except (AttributeError, RuntimeError, TypeError):  # an older torch, an unknown device type
+        return False
+
+
+def _nothing() -> None:
+    pass
