@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from layerscope._config import WatchConfig
 from layerscope._cost import CostMeter
 from layerscope._errors import FailureCounter
+from layerscope._frames import TABLES, memory_frame, stats_columns, stored_frame
 from layerscope._hooks import ModuleClaims
 from layerscope._imports import require
 from layerscope._kinds import Kind
@@ -35,7 +36,7 @@ from layerscope._ranks import ProcessRank
 from layerscope._recorder import Recorder, Target
 from layerscope._select import select, unwrap
 from layerscope._steps import StepClock
-from layerscope._table import KEY_COLUMNS, META_COLUMNS, Identities, chunks_to_columns
+from layerscope._table import Identities
 from layerscope.sinks._base import FanOut, RunInfo, RunSummary, Sink
 from layerscope.sinks._memory import MemorySink
 
@@ -224,51 +225,17 @@ class Scope:
         Returns:
             A new DataFrame; later steps do not change it.
         """
-        pd = require("pandas", "dataframe")
+        require("pandas", "dataframe")
         self._failures.warn_pending()
-        if table not in ("stats", "scalars", "calls"):
+        if table not in TABLES:
             raise ValueError(f"table: expected 'stats', 'scalars' or 'calls', got {table!r}")
         if not self._closed:
             self._flush_so_far()
             self._pipeline.drain()
+        stats = stats_columns(self.config.stats, self.config.histogram is not None)
         if self._memory is None:
-            return self._stored_frame(table)
-        if table == "stats":
-            columns = chunks_to_columns(self._memory.chunks)
-            names = self._columns()
-            rows = len(columns.get("step", []))
-            missing = [None] * rows  # a column no chunk has: sentinel rows lack most
-            frame = pd.DataFrame({name: columns.get(name, missing) for name in names})
-            if "hist" in frame:
-                frame["hist"] = [None if h is None else h.numpy() for h in columns["hist"]]
-            return frame
-        if table == "scalars":
-            return pd.DataFrame(self._memory.scalars, columns=["step", "name", "value"])
-        return pd.DataFrame(
-            [(c.seq, c.event, c.module, c.call) for c in self._memory.calls],
-            columns=["seq", "event", "module", "call"],
-        )
-
-    def _stored_frame(self, table: str) -> pandas.DataFrame:
-        """This process's rows of a stored run, shaped as an in-memory run's."""
-        pd = require("pandas", "dataframe")
-        from layerscope.store import load
-
-        names = {
-            "stats": self._columns(),
-            "scalars": ["step", "name", "value"],
-            "calls": ["seq", "event", "module", "call"],
-        }[table]
-        try:
-            run = load(self._store.path)
-        except FileNotFoundError:  # nothing written yet: a rank's files come with its rows
-            return pd.DataFrame(columns=names)
-        stored: pandas.DataFrame = getattr(run, table)
-        if "rank" in stored:  # other ranks of the job write to the same run
-            stored = stored[stored["rank"] == self._place.rank].reset_index(drop=True)
-        if table != "stats":
-            stored = stored.drop(columns="rank", errors="ignore")
-        return stored
+            return stored_frame(self._store.path, table, stats, self._place.rank)
+        return memory_frame(self._memory, table, stats)
 
     def flush(self) -> None:
         """Wait until what the steps so far recorded is written to the run and every sink.
@@ -396,12 +363,6 @@ class Scope:
             cost_seconds=self._meter.seconds,
             writer_seconds=writer_seconds,
         )
-
-    def _columns(self) -> list[str]:
-        names = [*KEY_COLUMNS, *META_COLUMNS]
-        names += [n for n in self.config.stats.builtin if n != "hist" or self.config.histogram]
-        names += list(self.config.stats.custom)
-        return names
 
     def _fail(self, where: str, error: BaseException) -> None:
         self._failures.record(where, error)

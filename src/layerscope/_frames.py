@@ -1,0 +1,67 @@
+"""What a scope recorded, as pandas DataFrames: from memory, or read back from its run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from layerscope._imports import require
+from layerscope._table import KEY_COLUMNS, META_COLUMNS, chunks_to_columns
+from layerscope.sinks._memory import MemorySink
+from layerscope.stats import StatSelection
+
+if TYPE_CHECKING:
+    import pandas
+
+TABLES = ("stats", "scalars", "calls")
+
+
+def stats_columns(stats: StatSelection, histogram: bool) -> list[str]:
+    """The stats table's columns, in order, for this selection of statistics."""
+    names = [*KEY_COLUMNS, *META_COLUMNS]
+    names += [name for name in stats.builtin if name != "hist" or histogram]
+    return names + list(stats.custom)
+
+
+def column_names(table: str, stats: list[str]) -> list[str]:
+    """The columns of ``table``; ``stats`` are the stats table's."""
+    return {
+        "stats": stats,
+        "scalars": ["step", "name", "value"],
+        "calls": ["seq", "event", "module", "call"],
+    }[table]
+
+
+def memory_frame(memory: MemorySink, table: str, stats: list[str]) -> pandas.DataFrame:
+    """``table`` of what ``memory`` holds."""
+    pd = require("pandas", "dataframe")
+    if table == "stats":
+        columns = chunks_to_columns(memory.chunks)
+        rows = len(columns.get("step", []))
+        missing = [None] * rows  # a column no chunk has: sentinel rows lack most
+        frame = pd.DataFrame({name: columns.get(name, missing) for name in stats})
+        if "hist" in frame:
+            frame["hist"] = [None if h is None else h.numpy() for h in columns["hist"]]
+        return frame
+    if table == "scalars":
+        return pd.DataFrame(memory.scalars, columns=column_names(table, stats))
+    return pd.DataFrame(
+        [(c.seq, c.event, c.module, c.call) for c in memory.calls],
+        columns=column_names(table, stats),
+    )
+
+
+def stored_frame(path: str, table: str, stats: list[str], rank: int) -> pandas.DataFrame:
+    """Rank ``rank``'s rows of ``table`` of the run at ``path``, shaped as ``memory_frame``'s."""
+    pd = require("pandas", "dataframe")
+    from layerscope.store import load
+
+    try:
+        run = load(path)
+    except FileNotFoundError:  # nothing written yet: a rank's files come with its rows
+        return pd.DataFrame(columns=column_names(table, stats))
+    stored: pandas.DataFrame = getattr(run, table)
+    if "rank" in stored:  # other ranks of the job write to the same run
+        stored = stored[stored["rank"] == rank].reset_index(drop=True)
+    if table != "stats":
+        stored = stored.drop(columns="rank", errors="ignore")
+    return stored
