@@ -395,3 +395,24 @@ def test_a_deep_copy_of_a_watched_model_is_not_recorded_as_the_model():
     frame = scope.frame()
     assert set(frame.numel[frame.module == "0"]) == {2 * 4}  # the model's batch of 2 only
     assert scope.failures == 0
+
+
+def test_watched_modules_carry_hooks_only_on_steps_that_record():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.ReLU()))
+    deep = model[2][0]
+    hooked = []
+    with layerscope.watch(model, every=3, capture=("activation", "grad")) as scope:
+        for _ in range(7):
+            model(torch.randn(2, 4)).sum().backward()
+            hooked.append(len(deep._forward_hooks))
+            scope.step()
+        model.eval()
+        with torch.no_grad():  # right after step 6, recorded: its evaluation is recorded
+            model(torch.randn(3, 4))
+    # An unrecorded step leaves the modules without hooks: torch's fast path, no cost.
+    assert hooked == [1, 0, 0, 1, 0, 0, 1]
+    assert not deep._forward_hooks
+    frame = scope.frame()
+    assert sorted(set(frame.step)) == [0, 3, 6]
+    assert frame.query("phase == 'eval'").step.unique().tolist() == [6]
+    assert set(frame.query("module == '2.0'").kind) == {"activation", "grad"}

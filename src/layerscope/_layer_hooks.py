@@ -5,10 +5,16 @@ runs (Lightning's ``training_step`` calls ``self.net(x)``), at a child of the ro
 indices count within a pass, so micro-batches and evaluation batches of a step merge by call.
 Every hook checks the ``StepClock``'s gates (Python bools) first and hands tensors to the
 ``Recorder``; none reads a value back to the host.
+
+The watched modules' own hooks are on them only while a step may record or watch: a module
+with no hook takes torch's fast path, so an unrecorded step costs only the entry hooks where
+the model is entered. A compiled model keeps them for good: dynamo does not see hooks added
+after its first compiled call.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -45,6 +51,7 @@ class LayerHooks:
         fail: counts and warns of a monitoring failure.
         on_training_pass: called when a training pass begins, before it is counted (a step
             that GradScaler skipped ends there).
+        compiled: the model was compiled when watched: hooks stay on between steps.
     """
 
     def __init__(
@@ -58,6 +65,7 @@ class LayerHooks:
         meter: CostMeter,
         fail: Callable[[str, BaseException], None],
         on_training_pass: Callable[[], None],
+        compiled: bool = False,
     ) -> None:
         self._root = root
         self._targets = list(targets)
@@ -69,9 +77,11 @@ class LayerHooks:
         self._fail = fail
         self._on_training_pass = on_training_pass
 
-        self._handles = HookHandles()
+        self._handles = HookHandles()  # the entry hooks
+        self._target_handles = HookHandles()  # on the watched modules, while needed
         self._call_order_handles = HookHandles()  # target pre-hooks kept for the call log
         self._child_entry_handles = HookHandles()
+        self._static = compiled
         self._entries: set[int] = set()  # ids of the root and its children
         self._entry_depth = 0
         self._pass_entries: set[int] = set()  # ids of the modules that entered this pass
@@ -91,37 +101,64 @@ class LayerHooks:
     # ---------------------------------------------------------------- registration
 
     def register(self) -> None:
-        """Put every hook on the model."""
+        """Put the entry hooks on the model, and the watched modules' if the step needs them."""
         root = self._root
         entry = self._entry_gated(self._on_entry)
         leave = self._entry_gated(self._on_leave)
         self._handles.add(root.register_forward_pre_hook(entry, prepend=True))
+        self._handles.add(root.register_forward_hook(leave, always_call=True))
         # Children are entry points only until the root's forward is seen to run.
         children = {id(child): child for child in root.children()}
         self._entries = {id(root), *children}
         for child in children.values():
             self._child_entry_handles.add(child.register_forward_pre_hook(entry, prepend=True))
-        for target, module in self._targets:
-            handles = self._handles if Kind.INPUT in self._kinds else self._call_order_handles
-            handles.add(
-                module.register_forward_pre_hook(
-                    self._gated(partial(self._on_enter, target, module)), with_kwargs=True
-                )
-            )
-            self._handles.add(
-                module.register_forward_hook(self._gated(partial(self._on_exit, target, module)))
-            )
-        # Registered last so that they run after every target's forward hook, also on errors.
-        for child in children.values():
             self._child_entry_handles.add(child.register_forward_hook(leave, always_call=True))
-        self._handles.add(root.register_forward_hook(leave, always_call=True))
+        self._on_enter_hooks = [
+            self._gated(partial(self._on_enter, target, module)) for target, module in self._targets
+        ]
+        self._on_exit_hooks = [
+            self._gated(partial(self._on_exit, target, module)) for target, module in self._targets
+        ]
+        self.sync()
+
+    def sync(self) -> None:
+        """Put the watched modules' hooks on, or take them off, as the clock's gates say."""
+        wanted = self._static or self._clock.recording or self._clock.watching
+        if wanted and not len(self._target_handles):
+            self._attach()
+        elif not wanted and len(self._target_handles) and not self._compiled_anywhere():
+            self._target_handles.remove()
+            self._call_order_handles.remove()
 
     def remove(self) -> None:
         """Take every hook off; safe to call twice."""
         self._handles.remove()
+        self._target_handles.remove()
         self._call_order_handles.remove()
         self._child_entry_handles.remove()
         self._checkpointed.clear()
+
+    def _attach(self) -> None:
+        log_calls = Kind.INPUT not in self._kinds and self._calls_open
+        for (_, module), enter, exit_ in zip(
+            self._targets, self._on_enter_hooks, self._on_exit_hooks, strict=True
+        ):
+            if Kind.INPUT in self._kinds:
+                pre = module.register_forward_pre_hook(enter, with_kwargs=True)
+                self._target_handles.add(pre)
+            elif log_calls:
+                pre = module.register_forward_pre_hook(enter, with_kwargs=True)
+                self._call_order_handles.add(pre)
+            self._target_handles.add(module.register_forward_hook(exit_))
+
+    def _compiled_anywhere(self) -> bool:
+        """Whether dynamo has compiled code in this process: hooks then stay for good."""
+        dynamo = sys.modules.get("torch._dynamo.utils")
+        if dynamo is None:
+            return False
+        if dynamo.counters["stats"]["unique_graphs"]:
+            self._static = True
+        return self._static
 
     def _gated(self, hook: Callable[..., None]) -> Callable[..., None]:
         """``hook`` behind a gate that torch.compile traces away on unrecorded steps.
@@ -212,7 +249,9 @@ class LayerHooks:
         self._pass_ended = False
         if training:
             self._on_training_pass()
-        if self._clock.begin_pass(training) and self._recorder.readings:
+        closed = self._clock.begin_pass(training)
+        self.sync()
+        if closed and self._recorder.readings:
             # The last step's evaluation is over: its rows are complete.
             try:
                 self._recorder.flush(final=False, evaluated=True)
@@ -246,7 +285,7 @@ class LayerHooks:
     # ---------------------------------------------------------------- module hooks
 
     def _phase(self) -> str:
-        if self._entry_depth:
+        if self._entry_depth or self._pass_entries:  # in a pass, or right after its root left
             return TRAIN if self._clock.training else EVAL
         return TRAIN if self._root.training and torch.is_grad_enabled() else EVAL
 

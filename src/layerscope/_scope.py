@@ -125,6 +125,7 @@ class Scope:
             self._meter,
             self._fail,
             on_training_pass=self._on_training_pass,
+            compiled=_compiled(model, self._root),
         )
         self._parameters = ParameterReads(
             self._root,
@@ -324,6 +325,7 @@ class Scope:
                 self._fail("flushing a step", error)
         self._layers.step_ended()
         clock.end_step()
+        self._layers.sync()
         self._parameters.step_ended()
         self._failures.warn_pending()
 
@@ -375,3 +377,15 @@ class Scope:
 
 def _patterns(patterns: Sequence[Any]) -> list[str]:
     return [pattern.pattern for pattern in patterns]
+
+
+def _compiled(model: nn.Module, root: nn.Module) -> bool:
+    """Whether ``model`` is compiled: ``torch.compile(model)`` or ``model.compile()``."""
+    wrapper: object = model
+    for _ in range(8):  # torch.compile's OptimizedModule may sit inside DDP or outside it
+        if wrapper is root or not isinstance(wrapper, nn.Module):
+            break
+        if isinstance(getattr(wrapper, "_orig_mod", None), nn.Module):
+            return True
+        wrapper = getattr(wrapper, "module", None)
+    return getattr(root, "_compiled_call_impl", None) is not None
