@@ -69,6 +69,22 @@ class ModuleClaims:
         self._modules = []
 
 
+def weak_hook(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` as a hook that does not keep its object alive.
+
+    A tensor's hooks are held where Python's garbage collector cannot see them (the tensor
+    in C++), so a hook on a parameter that refers back to what holds the parameter makes a
+    cycle that is never collected: an unclosed scope would keep its model for good.
+    """
+    ref = weakref.WeakMethod(method)
+
+    def hook(*args: Any) -> Any:
+        bound = ref()
+        return None if bound is None else bound(*args)
+
+    return hook
+
+
 def in_backward() -> bool:
     """Whether autograd is running a backward pass on this thread.
 

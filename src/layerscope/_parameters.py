@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from layerscope._cost import CostMeter
-from layerscope._hooks import HookHandles, queue_at_backward_end
+from layerscope._hooks import HookHandles, queue_at_backward_end, weak_hook
 from layerscope._kinds import Kind
 from layerscope._optimizers import owned_by
 from layerscope._recorder import Owner, Recorder, Target
@@ -89,7 +89,7 @@ class ParameterReads:
         self._on_backward = on_backward
         if self._probe is not None:
             self._handles.add(
-                self._probe.register_post_accumulate_grad_hook(self._on_probe_grad)  # type: ignore[no-untyped-call]  # untyped in torch
+                self._probe.register_post_accumulate_grad_hook(weak_hook(self._on_probe_grad))  # type: ignore[no-untyped-call]  # untyped in torch
             )
         for index, optimizer in enumerate(self._optimizers):
             self._handles.add(optimizer.register_step_pre_hook(partial(self._before_step, index)))
@@ -98,7 +98,9 @@ class ParameterReads:
             for param, _ in self._params:
                 if param.requires_grad:
                     self._handles.add(
-                        param.register_post_accumulate_grad_hook(self._on_grad_accumulated)  # type: ignore[no-untyped-call]  # untyped in torch
+                        param.register_post_accumulate_grad_hook(
+                            weak_hook(self._on_grad_accumulated)
+                        )  # type: ignore[no-untyped-call]  # untyped in torch
                     )
 
     def remove(self) -> None:

@@ -112,10 +112,22 @@ class Pipeline:
         self._queue.put(_Flush())
         self._queue.join()
 
-    def close(self, make_summary: Callable[[int, int, int, float], RunSummary]) -> None:
-        """Write what is left, close the sink and stop the thread."""
-        self._queue.put(_Stop(make_summary))
-        self._thread.join()
+    def close(
+        self,
+        make_summary: Callable[[int, int, int, float], RunSummary],
+        timeout: float | None = None,
+    ) -> bool:
+        """Write what is left, close the sink and stop the thread.
+
+        Returns False if the thread has not finished within ``timeout`` seconds (a sink that
+        hangs); it goes on as a daemon thread, and what it had not written is lost at exit.
+        """
+        try:
+            self._queue.put(_Stop(make_summary), timeout=timeout)
+        except queue.Full:
+            return False
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         # The writer's torch operations run on this thread alone. Were one of them parallel,

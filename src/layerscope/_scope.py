@@ -10,9 +10,9 @@ the copy, merges, finalises and hands the rows to the sinks.
 
 from __future__ import annotations
 
-import atexit
 import time
 import uuid
+import warnings
 from collections.abc import Sequence
 from functools import partial
 from types import TracebackType
@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from layerscope import _lifecycle as lifecycle
 from layerscope._config import WatchConfig
 from layerscope._cost import CostMeter
-from layerscope._errors import FailureCounter
+from layerscope._errors import FailureCounter, LayerscopeWarning
 from layerscope._frames import TABLES, memory_frame, stats_columns, stored_frame
 from layerscope._hooks import ModuleClaims
 from layerscope._imports import require
@@ -110,7 +111,7 @@ class Scope:
             queue_size=getattr(store, "queue_size", 256),
         )
         # A scope left open at exit is closed then, so the writer writes what it holds.
-        atexit.register(self.close)
+        lifecycle.track(self)
         self._recorder = Recorder(
             config.histogram, config.stats.custom, self._identities, self._pipeline, self._fail
         )
@@ -261,19 +262,22 @@ class Scope:
             except Exception as error:
                 self._fail("flushing", error)
 
-    def close(self, status: str = "finished") -> None:
+    def close(self, status: str = "finished", *, timeout: float | None = None) -> None:
         """Remove every hook and finish recording; what the current step has so far is kept.
 
         Args:
             status: how the run ended, saved with it: ``"finished"`` or ``"failed"`` (leaving
-                the ``with`` on an exception passes ``"failed"``).
+                the ``with`` on an exception passes ``"failed"``; so does the close at exit
+                of a script that died of an exception).
+            timeout: seconds to wait for the writer to finish the run; None waits for it.
+                If it has not finished by then, a warning says so and the writer goes on.
 
         Safe to call twice. ``frame()`` still works afterwards.
         """
         if self._closed:
             return
         self._closed = True
-        atexit.unregister(self.close)
+        lifecycle.untrack(self)
         try:
             if self._recorder.has_pending():
                 self._recorder.flush(final=True)
@@ -284,8 +288,15 @@ class Scope:
             self._layers.remove()
             self._parameters.remove()
             self._claims.release()
-            self._pipeline.close(partial(self._summary, status))
+            finished = self._pipeline.close(partial(self._summary, status), timeout)
             self._failures.warn_pending()
+        if not finished:
+            warnings.warn(
+                f"layerscope: the writer did not finish the run in {timeout} s (a sink "
+                f"hangs?); what it had not written is lost",
+                LayerscopeWarning,
+                stacklevel=2,
+            )
 
     def __enter__(self) -> Scope:
         return self
