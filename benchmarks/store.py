@@ -27,20 +27,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import layerscope
+from layerscope._batches import Batch, arrive
 from layerscope._buffer import HostCopy
+from layerscope._identities import Form, Identities, Identity
 from layerscope._kinds import Kind
+from layerscope._merging import finalize_merged, merge_batches
 from layerscope._readings import Readings
-from layerscope._table import (
-    Batch,
-    Chunk,
-    Form,
-    Identities,
-    Identity,
-    arrive,
-    finalize_merged,
-    merge_batches,
-)
-from layerscope.sinks import Records, RunInfo, RunSummary
+from layerscope.sinks import Records, RunInfo, RunSummary, StatsRows
 from layerscope.stats import WIDTH, StatSelection, finalize
 from layerscope.store import ParquetStore
 from report import replace_section
@@ -80,12 +73,12 @@ def _identities() -> tuple[Identities, list[int]]:
 
 def _chunk(
     first_step: int, rows: int, generator: torch.Generator, identities: Identities, codes: list[int]
-) -> Chunk:
+) -> StatsRows:
     per_step = len(codes)
     partials, hist = _partials(rows, generator)
     stats = finalize(partials)
     index = torch.arange(rows)
-    return Chunk(
+    return StatsRows(
         step=first_step + index // per_step,
         identity=torch.tensor(codes)[index % per_step],
         form=torch.zeros(rows, dtype=torch.int64),

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from layerscope._identities import KEY_COLUMNS, META_COLUMNS
 from layerscope._imports import require
-from layerscope._table import KEY_COLUMNS, META_COLUMNS, chunks_to_columns
 from layerscope.sinks._memory import MemorySink
+from layerscope.sinks._rows import join_columns
 from layerscope.stats import StatSelection
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def memory_frame(memory: MemorySink, table: str, stats: list[str]) -> pandas.Dat
     """``table`` of what ``memory`` holds."""
     pd = require("pandas", "dataframe")
     if table == "stats":
-        columns = chunks_to_columns(memory.chunks)
+        columns = join_columns(memory.chunks)
         rows = len(columns.get("step", []))
         missing = [None] * rows  # a column no chunk has: sentinel rows lack most
         frame = pd.DataFrame({name: columns.get(name, missing) for name in stats})

@@ -21,19 +21,12 @@ from typing import Any
 
 import torch
 
+from layerscope._batches import Batch, arrive
 from layerscope._errors import FailureCounter
+from layerscope._identities import Identities
+from layerscope._merging import Merged, finalize_merged, merge_batches, split_merged
 from layerscope._ranks import ProcessRank
-from layerscope._table import (
-    Batch,
-    Identities,
-    Merged,
-    SentinelCarry,
-    arrive,
-    finalize_merged,
-    merge_batches,
-    sentinel_chunk,
-    split_merged,
-)
+from layerscope._sentinel_rows import SentinelCarry, sentinel_rows
 from layerscope.sinks._base import Records, RunSummary, Sink
 from layerscope.stats import StatSelection
 
@@ -188,7 +181,7 @@ class Pipeline:
         try:
             arrivals = [arrive(batch) for batch in batches]
             merged, scalars = merge_batches(batches, self._carry, arrivals)
-            sentinel, self._sentinel_carry = sentinel_chunk(
+            sentinel, self._sentinel_carry = sentinel_rows(
                 batches,
                 arrivals,
                 self._place.rank,

@@ -17,13 +17,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from layerscope._batches import Batch, Extreme
 from layerscope._buffer import DeviceRows
+from layerscope._identities import Form, Identities, Identity
 from layerscope._kinds import STATE_KINDS, Kind
 from layerscope._nested import shape_of, values_of
 from layerscope._pipeline import Pipeline
 from layerscope._readings import CustomRef, Readings
 from layerscope._shards import local_tensor, shard_label
-from layerscope._table import Batch, Extreme, Form, Identities, Identity
 from layerscope.stats import CustomStat, HistogramSpec
 from layerscope.stats._partials import write_partials
 

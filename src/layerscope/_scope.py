@@ -27,6 +27,7 @@ from layerscope._cost import CostMeter
 from layerscope._errors import FailureCounter, LayerscopeWarning
 from layerscope._frames import TABLES, memory_frame, stats_columns, stored_frame
 from layerscope._hooks import ModuleClaims
+from layerscope._identities import Identities
 from layerscope._imports import require
 from layerscope._kinds import Kind
 from layerscope._layer_hooks import LayerHooks
@@ -37,7 +38,6 @@ from layerscope._ranks import ProcessRank
 from layerscope._recorder import Recorder, Target
 from layerscope._select import select, unwrap
 from layerscope._steps import StepClock
-from layerscope._table import Identities
 from layerscope.sinks._base import FanOut, RunInfo, RunSummary, Sink
 from layerscope.sinks._memory import MemorySink
 

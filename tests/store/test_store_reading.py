@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 import layerscope
+from layerscope._identities import Form, Identities, Identity
 from layerscope._kinds import Kind
 from layerscope._ranks import ProcessRank
-from layerscope._table import Chunk, Form, Identities, Identity
+from layerscope.sinks import StatsRows
 from layerscope.sinks._base import Records, RunInfo, RunSummary
 from layerscope.store import ParquetStore
 
@@ -76,7 +77,7 @@ def test_a_shard_is_stored_and_read_back_null_where_the_tensor_was_whole(tmp_pat
     identity = identities.code(Identity("train", "fc", "Linear", Kind.WEIGHT, "weight", 0))
     whole = identities.form_code(Form("float32", (4, 4)))
     shard = identities.form_code(Form("float32", (2, 4), "1/2"))
-    chunk = Chunk(
+    chunk = StatsRows(
         step=torch.tensor([0, 1]),
         identity=torch.tensor([identity, identity]),
         form=torch.tensor([whole, shard]),

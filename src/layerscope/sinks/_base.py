@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from layerscope._modules import CallEvent, ModuleInfo
 from layerscope._ranks import ProcessRank
-from layerscope._table import Chunk
+from layerscope.sinks._rows import StatsRows
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ class RunSummary:
 class Records:
     """Finalised rows of one flush: statistics, scalars, and the call order once."""
 
-    stats: Chunk | None = None
+    stats: StatsRows | None = None
     scalars: list[tuple[int, str, float]] = field(default_factory=list)
     calls: list[CallEvent] = field(default_factory=list)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from layerscope._modules import CallEvent
-from layerscope._table import Chunk
 from layerscope.sinks._base import Records, RunInfo, RunSummary
+from layerscope.sinks._rows import StatsRows
 
 
 class MemorySink:
@@ -23,7 +23,7 @@ class MemorySink:
 
     def __init__(self) -> None:
         self.info: RunInfo | None = None
-        self.chunks: list[Chunk] = []
+        self.chunks: list[StatsRows] = []
         self.scalars: list[tuple[int, str, float]] = []
         self.calls: list[CallEvent] = []
         self.summary: RunSummary | None = None

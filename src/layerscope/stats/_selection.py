@@ -9,12 +9,13 @@ from typing import cast
 
 from torch import Tensor
 
+from layerscope._identities import KEY_COLUMNS, META_COLUMNS
 from layerscope.stats._finalize import BUILTIN_STATS
 
 #: A custom statistic: takes the detached tensor as recorded, returns a scalar or 1-D tensor.
 CustomStat = Callable[[Tensor], "Tensor | float | int"]
 
-# Columns of the stored stats table that no ``Chunk`` holds: Parquet keeps a histogram's counts
+# Columns of the stored stats table that no ``StatsRows`` holds: Parquet keeps a histogram's counts
 # trimmed, from slot ``hist_lo`` on (store/_arrow.py, which imports pyarrow, so not from there).
 _STORE_COLUMNS = ("hist_lo",)
 
@@ -91,10 +92,6 @@ def _iterate(stats: object) -> list[object]:
 
 def _table_columns() -> frozenset[str]:
     """Every column of the stats table but the custom statistics, which may not reuse one."""
-    # Imported here: layerscope._table imports layerscope.stats, whose package imports this
-    # module, so a module-level import would be circular whichever side is imported first.
-    from layerscope._table import KEY_COLUMNS, META_COLUMNS
-
     return frozenset((*KEY_COLUMNS, *META_COLUMNS, *BUILTIN_STATS, *_STORE_COLUMNS))
 
 

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from layerscope._identities import Identities
 from layerscope._modules import CallEvent
-from layerscope._table import Chunk, Identities
+from layerscope.sinks._rows import StatsRows
 from layerscope.store._arrays import float_lists, floats, lists, numeric, strings
 
 # The statistics that are counts; the others are float64.
@@ -78,7 +79,7 @@ def stats_schema(stats: Sequence[str], custom: Sequence[str], histogram: bool) -
     return pa.schema(fields)
 
 
-def stats_table(chunk: Chunk) -> pa.Table:
+def stats_table(chunk: StatsRows) -> pa.Table:
     """One chunk of finalised statistics as an Arrow table.
 
     String key columns are dictionary arrays: each identity's and form's index into a column's

@@ -19,9 +19,9 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from layerscope._errors import LayerscopeWarning
+from layerscope._identities import KEY_COLUMNS, META_COLUMNS
 from layerscope._imports import require
 from layerscope._modules import ModuleInfo
-from layerscope._table import KEY_COLUMNS, META_COLUMNS
 from layerscope.store._layout import (
     CALLS_FILE,
     MODULES_FILE,

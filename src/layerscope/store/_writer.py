@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from layerscope._identities import KEY_COLUMNS
 from layerscope._imports import require
-from layerscope._table import KEY_COLUMNS
 from layerscope.sinks._base import Records, RunInfo, RunSummary
 from layerscope.store._layout import (
     CALLS_FILE,

@@ -1,0 +1,46 @@
+"""What the training thread hands the writer: readings of a flush and their buffers' copies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from layerscope._buffer import Arrived, HostCopy
+from layerscope._readings import Readings
+
+
+class Extreme(NamedTuple):
+    """A sentinel reading: the (min, max) pair ``pair`` of buffer ``buffer``."""
+
+    step: int
+    identity: int
+    form: int
+    buffer: int
+    pair: int
+    numel: int
+
+
+@dataclass(slots=True)
+class Batch:
+    """Readings of one flush and the copies that bring their buffers to the host.
+
+    ``final`` marks the last flush of a step; earlier ones (a step with many forward passes
+    flushes when its buffer fills) leave their merged partials to be merged with the next.
+    Even then, training rows of steps before ``open_steps[0]`` and evaluation rows of steps
+    before ``open_steps[1]`` are complete; ``evaluated`` marks a flush after which all
+    evaluation rows are (an evaluation has ended, or a reader asks for its rows) while the
+    step's training rows may still grow.
+    """
+
+    readings: Readings
+    copies: dict[int, HostCopy]
+    scalars: list[tuple[int, str, float | tuple[int, int]]] = field(default_factory=list)
+    final: bool = True
+    extremes: list[Extreme] = field(default_factory=list)
+    evaluated: bool = False
+    open_steps: tuple[int, int] = (0, 0)  # (training, evaluation)
+
+
+def arrive(batch: Batch) -> dict[int, Arrived]:
+    """Wait for the batch's copies to reach the host."""
+    return {buffer: copy.wait() for buffer, copy in batch.copies.items()}
