@@ -79,8 +79,25 @@ class WatchConfig:
             "types": [cls.__name__ for cls in self.selection.types or ()],
             "stats": list(self.stats.builtin),
             "custom_stats": list(self.stats.custom),
-            "histogram": repr(self.histogram),
+            "histogram": histogram_to_dict(self.histogram),
         }
+
+
+def histogram_to_dict(spec: HistogramSpec | None) -> dict[str, Any] | None:
+    """The histogram spec as data for ``run.json``, not as a repr to parse.
+
+    ``{"kind": "log2", "slots": 256}``, ``{"kind": "linear", "lo": ..., "hi": ..., "bins":
+    ...}``, or None.
+
+    Example:
+        >>> histogram_to_dict(LinearHistogram(0.0, 1.0, 4))
+        {'kind': 'linear', 'lo': 0.0, 'hi': 1.0, 'bins': 4}
+    """
+    if spec is None:
+        return None
+    if isinstance(spec, LinearHistogram):
+        return {"kind": "linear", "lo": spec.lo, "hi": spec.hi, "bins": spec.bins}
+    return {"kind": "log2", "slots": spec.slots}
 
 
 def check_model(model: object) -> nn.Module:

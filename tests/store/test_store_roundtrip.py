@@ -497,3 +497,19 @@ def test_segments_carry_the_schema_version_and_load_as_plain_strings(tmp_path):
     stats = layerscope.load(tmp_path / "r").stats
     assert not isinstance(stats.module.dtype, pd.CategoricalDtype)  # written as a dictionary
     assert isinstance(stats.module.iloc[0], str)
+
+
+@pytest.mark.parametrize(
+    ("histogram", "saved"),
+    [
+        ("log2", {"kind": "log2", "slots": 256}),
+        (("linear", -1.0, 1.0, 8), {"kind": "linear", "lo": -1.0, "hi": 1.0, "bins": 8}),
+        (None, None),
+    ],
+)
+def test_the_histogram_spec_is_saved_as_data(tmp_path, histogram, saved):
+    model = torch.nn.Linear(2, 2)
+    with layerscope.watch(model, every=1, histogram=histogram, run=tmp_path / "r") as scope:
+        model(torch.ones(1, 2)).sum().backward()
+        scope.step()
+    assert layerscope.load(tmp_path / "r").meta["config"]["histogram"] == saved

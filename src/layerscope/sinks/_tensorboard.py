@@ -50,7 +50,8 @@ class TensorBoard:
 
         self._writer = SummaryWriter(self.logdir)
         self._edges = info.histogram_edges
-        self._log2 = info.config.get("histogram") == "Log2Histogram()"
+        histogram = info.config.get("histogram") or {}
+        self._log2 = histogram.get("kind") == "log2"
 
     def write(self, records: Records) -> None:
         """Add one scalar per statistic and row, one histogram per row, and the scalars."""
