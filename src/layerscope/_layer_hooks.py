@@ -251,10 +251,9 @@ class LayerHooks:
             self._on_training_pass()
         closed = self._clock.begin_pass(training)
         self.sync()
-        if closed and self._recorder.readings:
-            # The last step's evaluation is over: its rows are complete.
+        if closed:  # the last step's evaluation is over: its rows are complete
             try:
-                self._recorder.flush(final=False, evaluated=True)
+                self._recorder.send_complete(readings_only=True)
             except Exception as error:
                 self._fail("flushing an evaluation", error)
         self._call_counts.clear()

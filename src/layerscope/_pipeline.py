@@ -27,7 +27,7 @@ from layerscope._identities import Identities
 from layerscope._merging import Merged, finalize_merged, merge_batches, split_merged
 from layerscope._ranks import ProcessRank
 from layerscope._sentinel_rows import SentinelCarry, sentinel_rows
-from layerscope.sinks._base import Records, RunSummary, Sink
+from layerscope.sinks._base import FanOut, Records, RunSummary
 from layerscope.stats import StatSelection
 
 # Batches, and readings in them, that wait for the writer at most: a bound on the host memory
@@ -52,7 +52,7 @@ class Pipeline:
 
     def __init__(
         self,
-        sink: Sink,
+        sink: FanOut,
         *,
         place: ProcessRank,
         selection: StatSelection,
@@ -169,9 +169,8 @@ class Pipeline:
                 if due or isinstance(item, _Flush):
                     self._guarded("flushing", self.sink.flush)
                     last_flush, steps_since_flush = time.monotonic(), 0
-                sync = getattr(self.sink, "sync", None)
-                if isinstance(item, _Flush) and sync is not None:  # a reader waits for files
-                    self._guarded("flushing", sync)
+                if isinstance(item, _Flush):  # a reader waits for files
+                    self._guarded("flushing", self.sink.sync)
             finally:
                 if item is not None:
                     self._queue.task_done()

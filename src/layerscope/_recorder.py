@@ -228,6 +228,21 @@ class Recorder:
         waited = time.monotonic() - self.last_flush
         return waiting >= UNRECORDED_PER_FLUSH or waited >= UNRECORDED_MAX_WAIT_SECONDS
 
+    def end_step(self, step_records: bool) -> None:
+        """The step ends: send its readings, or scalars and sentinel readings that are due."""
+        pending = self.readings or self.partial
+        if pending or (step_records and self.has_pending()) or self.unrecorded_due():
+            self.flush(final=True)
+
+    def send_complete(self, readings_only: bool = False) -> None:
+        """Send what is complete before the step ends.
+
+        That is evaluation rows (the step's training rows wait with the writer for the rest)
+        and, unless ``readings_only``, scalars and the sentinel's readings.
+        """
+        if self.readings or (not readings_only and (self.extremes or self.scalars)):
+            self.flush(final=False, evaluated=True)
+
     def flush(self, final: bool, evaluated: bool = False) -> None:
         """Start the copy of what the buffers hold to the host.
 

@@ -44,6 +44,8 @@ from layerscope.sinks._memory import MemorySink
 if TYPE_CHECKING:
     import pandas
 
+    from layerscope.store import ParquetStore
+
 
 class Scope:
     """Records statistics of a model's layers; made by ``layerscope.watch``.
@@ -59,7 +61,7 @@ class Scope:
         optimizers: Sequence[torch.optim.Optimizer],
         config: WatchConfig,
         sinks: Sequence[Sink] = (),
-        store: Any = None,
+        store: ParquetStore | None = None,
     ) -> None:
         self.config = config
         self._root = unwrap(model)
@@ -88,9 +90,11 @@ class Scope:
         # Without a store the records stay in memory, for frame().
         self._store = store
         self._memory: MemorySink | None = None
-        main: Sink = store
+        main: Sink
         if store is None:
             main = self._memory = MemorySink()
+        else:
+            main = store
         # The store starts last: a sink that fails to start then leaves no run directory
         # behind to block a retry at the same path.
         self._sink = FanOut([*sinks, main])
@@ -106,9 +110,10 @@ class Scope:
             selection=config.stats,
             identities=self._identities,
             failures=self._failures,
-            flush_steps=getattr(store, "flush_steps", 10),
-            flush_seconds=getattr(store, "flush_seconds", 5.0),
-            queue_size=getattr(store, "queue_size", 256),
+            # Without a store, the in-memory sink takes the store's default cadence.
+            flush_steps=10 if store is None else store.flush_steps,
+            flush_seconds=5.0 if store is None else store.flush_seconds,
+            queue_size=256 if store is None else store.queue_size,
         )
         # A scope left open at exit is closed then, so the writer writes what it holds.
         lifecycle.track(self)
@@ -144,9 +149,8 @@ class Scope:
             self._parameters.register(on_backward=self._layers.backward_ended)
         except BaseException:
             self.close("failed")
-            discard = getattr(store, "discard", None)
-            if discard is not None:  # a watch() that failed leaves no run behind
-                discard()
+            if store is not None:  # a watch() that failed leaves no run behind
+                store.discard()
             raise
 
     # ---------------------------------------------------------------- public surface
@@ -235,8 +239,9 @@ class Scope:
             self._flush_so_far()
             self._pipeline.drain()
         stats = stats_columns(self.config.stats, self.config.histogram is not None)
-        if self._memory is None:
+        if self._store is not None:
             return stored_frame(self._store.path, table, stats, self._place.rank)
+        assert self._memory is not None  # a scope without a store keeps its rows in memory
         return memory_frame(self._memory, table, stats)
 
     def flush(self) -> None:
@@ -255,12 +260,10 @@ class Scope:
         Training rows of the step in progress stay with the writer until the step ends, when
         they are merged with the rest of the step's.
         """
-        recorder = self._recorder
-        if recorder.readings or recorder.extremes or recorder.scalars:
-            try:
-                recorder.flush(final=False, evaluated=True)
-            except Exception as error:
-                self._fail("flushing", error)
+        try:
+            self._recorder.send_complete()
+        except Exception as error:
+            self._fail("flushing", error)
 
     def close(self, status: str = "finished", *, timeout: float | None = None) -> None:
         """Remove every hook and finish recording; what the current step has so far is kept.
@@ -327,13 +330,10 @@ class Scope:
             self._parameters.read_at_step_end(skipped)
         if skipped:
             self._recorder.add_scalars(clock.step, {"skipped": 1.0})
-        recorder = self._recorder
-        pending = recorder.readings or recorder.partial
-        if pending or (clock.step_records and recorder.has_pending()) or recorder.unrecorded_due():
-            try:
-                recorder.flush(final=True)
-            except Exception as error:
-                self._fail("flushing a step", error)
+        try:
+            self._recorder.end_step(clock.step_records)
+        except Exception as error:
+            self._fail("flushing a step", error)
         self._layers.step_ended()
         clock.end_step()
         self._layers.sync()
@@ -345,8 +345,8 @@ class Scope:
         first = next(self._root.parameters(), None)
         return first is not None and first.device.type != "cpu"
 
-    def _run_info(self, store: Any) -> RunInfo:
-        name = getattr(store, "name", None) or f"run-{time.strftime('%Y%m%d-%H%M%S')}"
+    def _run_info(self, store: ParquetStore | None) -> RunInfo:
+        name = store.name if store is not None else f"run-{time.strftime('%Y%m%d-%H%M%S')}"
         return RunInfo(
             id=uuid.uuid4().hex,
             name=name,
