@@ -369,3 +369,17 @@ def test_import_pulls_in_torch_and_the_standard_library_only():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_compiled_models_are_told_apart_from_other_wrappers():
+    from layerscope._select import is_compiled, unwrap
+
+    model = _mlp()
+    compiled = torch.compile(model)  # no call: nothing is compiled yet
+    assert is_compiled(compiled, unwrap(compiled))
+    assert not is_compiled(model, model)
+    data_parallel = nn.DataParallel(model)
+    assert not is_compiled(data_parallel, unwrap(data_parallel))
+    in_place = _mlp()
+    in_place.compile()
+    assert is_compiled(in_place, in_place)

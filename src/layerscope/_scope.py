@@ -36,7 +36,7 @@ from layerscope._parameters import ParameterReads
 from layerscope._pipeline import Pipeline
 from layerscope._ranks import ProcessRank
 from layerscope._recorder import Recorder, Target
-from layerscope._select import select, unwrap
+from layerscope._select import is_compiled, select, unwrap
 from layerscope._steps import StepClock
 from layerscope.sinks._base import FanOut, RunInfo, RunSummary, Sink
 from layerscope.sinks._memory import MemorySink
@@ -131,7 +131,7 @@ class Scope:
             self._meter,
             self._fail,
             on_training_pass=self._on_training_pass,
-            compiled=_compiled(model, self._root),
+            compiled=is_compiled(model, self._root),
         )
         self._parameters = ParameterReads(
             self._root,
@@ -388,15 +388,3 @@ class Scope:
 
 def _patterns(patterns: Sequence[Any]) -> list[str]:
     return [pattern.pattern for pattern in patterns]
-
-
-def _compiled(model: nn.Module, root: nn.Module) -> bool:
-    """Whether ``model`` is compiled: ``torch.compile(model)`` or ``model.compile()``."""
-    wrapper: object = model
-    for _ in range(8):  # torch.compile's OptimizedModule may sit inside DDP or outside it
-        if wrapper is root or not isinstance(wrapper, nn.Module):
-            break
-        if isinstance(getattr(wrapper, "_orig_mod", None), nn.Module):
-            return True
-        wrapper = getattr(wrapper, "module", None)
-    return getattr(root, "_compiled_call_impl", None) is not None

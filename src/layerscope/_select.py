@@ -31,6 +31,18 @@ def unwrap(model: nn.Module) -> nn.Module:
         return model
 
 
+def is_compiled(model: nn.Module, root: nn.Module) -> bool:
+    """Whether ``model`` is compiled: ``torch.compile(model)`` or ``model.compile()``."""
+    wrapper: object = model
+    for _ in range(8):  # torch.compile's OptimizedModule may sit inside DDP or outside it
+        if wrapper is root or not isinstance(wrapper, nn.Module):
+            break
+        if isinstance(getattr(wrapper, "_orig_mod", None), nn.Module):
+            return True
+        wrapper = getattr(wrapper, "module", None)
+    return getattr(root, "_compiled_call_impl", None) is not None
+
+
 def clean_name(name: str) -> str:
     """``named_modules()`` name without the segments wrappers insert."""
     if not any(segment in name for segment in _WRAPPER_SEGMENTS):
