@@ -195,3 +195,24 @@ def test_a_compiled_model_keeps_one_graph_on_unrecorded_steps():
         recording = torch._dynamo.explain(model)(x)
     assert recording.graph_break_count > 0  # recorded steps run the hooks eagerly
     torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_a_compiled_model_records_its_recorded_steps_and_no_others():
+    # Compiled after watch(), as a training script may: the hooks stay for good, and a
+    # compiled frame's gates follow the step, not the evaluation window after a recorded one.
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with layerscope.watch(
+        model, optimizer=optimizer, every=layerscope.Schedule(every=5), capture=("activation",)
+    ) as scope:
+        compiled = torch.compile(model)
+        for _ in range(11):
+            compiled(torch.randn(4, 8)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    frame = scope.frame()
+    assert sorted(set(frame.step)) == [0, 5, 10]
+    assert set(frame.numel[frame.module == "1"]) == {4 * 16}  # one pass each, none twice
+    torch._dynamo.reset()

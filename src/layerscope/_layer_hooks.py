@@ -123,6 +123,7 @@ class LayerHooks:
 
     def sync(self) -> None:
         """Put the watched modules' hooks on, or take them off, as the clock's gates say."""
+        self._clock.gates_follow_passes = not self._static
         wanted = self._static or self._clock.recording or self._clock.watching
         if wanted and not len(self._target_handles):
             self._attach()

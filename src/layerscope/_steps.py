@@ -37,6 +37,10 @@ class StepClock:
         self.ended: int | None = None  # the last step that ended
         self.trained = False  # a training pass began in the step in progress
         self._after: int | None = None  # a step that ended, while its evaluation may come
+        # Whether the gates stay on between passes for the evaluation of a recorded step that
+        # just ended. A compiled model decides its gates where a compiled frame is entered,
+        # before any hook can say which pass it is: there they follow the step alone.
+        self.gates_follow_passes = True
         self._set_modes()
 
     @property
@@ -78,7 +82,11 @@ class StepClock:
         self.step_records = self._schedule.records(self.step)
         self.pass_step = self.step
         self.training = True
-        after_records = self._after is not None and self._schedule.records(self._after)
+        after_records = (
+            self.gates_follow_passes
+            and self._after is not None
+            and self._schedule.records(self._after)
+        )
         # Between passes the hooks stay on if the next pass may record: a training pass of
         # this step, or an evaluation of the step that just ended.
         self.recording = self.step_records or after_records
