@@ -163,9 +163,9 @@ def test_compaction_keeps_every_row_of_segments_whose_columns_differ(
     # segments differ in columns. Compaction writes row groups of at least row_group rows.
     import pyarrow.parquet as pq
 
-    from layerscope.store import _writer
+    from layerscope.store import _compaction
 
-    monkeypatch.setattr(_writer, "COMPACTED_ROW_GROUP", row_group)
+    monkeypatch.setattr(_compaction, "COMPACTED_ROW_GROUP", row_group)
     store = ParquetStore(tmp_path / "r", flush_steps=1, flush_seconds=60)
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -1,4 +1,4 @@
-"""Reading runs: ``load(path)`` gives a ``Run``; ``runs(root)`` lists the runs under a folder.
+"""Reading a run: ``load(path)`` gives a ``Run``, its tables as DataFrames and SQL over them.
 
 A run can be read while it is being written: segments appear atomically, and every table
 access lists the files anew. A damaged file is skipped with a warning and the rest is read.
@@ -8,14 +8,9 @@ The ranks of a distributed job write a directory each inside the run (see ``_lay
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import os
-import socket
-import time
 import warnings
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from layerscope._errors import LayerscopeWarning
@@ -31,18 +26,14 @@ from layerscope.store._layout import (
     directory_rank,
     files_to_read,
 )
+from layerscope.store._sql import Database, create_view, duckdb_url
+from layerscope.store._status import combine_metas
 
 if TYPE_CHECKING:
     import pandas
 
 TABLES = (*SEGMENTED_TABLES, "calls")
 _RETRIES = 10
-# A run marked running whose ``run.json`` was not renewed for this long, and for ten of its
-# heartbeats, is taken for one that died: on another host its process cannot be asked.
-_MIN_SILENCE_SECONDS = 60.0
-_HEARTBEATS_MISSED = 10
-# The order in which ranks' statuses win the run's: one rank that crashed makes a crashed run.
-_STATUS_ORDER = ("crashed", "failed", "running")
 
 
 class Run:
@@ -77,25 +68,11 @@ class Run:
         metas = self._read_metas() if self._fs.exists(self._root) else {}
         if not metas:
             raise FileNotFoundError(f"path: no run at {self.path} (no {RUN_FILE})")
-        first = min(metas)
-        self._meta_place = metas[first][0]
-        meta = dict(metas[first][1])
-        ranks: list[dict[str, Any]] = []
-        for rank, (_, rank_meta) in sorted(metas.items()):
-            ranks.append(
-                {
-                    "rank": rank,
-                    "status": _status(rank_meta),
-                    "steps": rank_meta.get("steps"),
-                    "host": rank_meta.get("host"),
-                    "pid": rank_meta.get("pid"),
-                    "updated": rank_meta.get("updated"),
-                }
-            )
-        meta["status"] = _combined([entry["status"] for entry in ranks])
-        meta["ranks"] = ranks
-        self.meta: dict[str, Any] = meta
-        self._duckdb: Any = None
+        self._meta_place = metas[min(metas)][0]
+        self.meta: dict[str, Any] = combine_metas(
+            {rank: rank_meta for rank, (_, rank_meta) in metas.items()}
+        )
+        self._database = Database(self._fs)
         self._rankless: set[str] = set()  # files written before tables had a rank column
 
     def __repr__(self) -> str:
@@ -113,7 +90,7 @@ class Run:
             except ValueError as error:
                 if place == self._root:
                     raise  # the run's own run.json: nothing to show without it
-                _warn_damaged(f"{place}/{RUN_FILE}", error)
+                warn_damaged(f"{place}/{RUN_FILE}", error)
                 continue
             if meta.get("schema", 1) > SCHEMA_VERSION:
                 raise ValueError(
@@ -210,7 +187,7 @@ class Run:
 
     def _query(self, query: str) -> pandas.DataFrame:
         """``query`` over a view per table of the files the directory lists now."""
-        connection = self._database().cursor()
+        connection = self._database.cursor()
         try:
             self._create_views(connection)
             frame: pandas.DataFrame = connection.execute(query).df()
@@ -224,33 +201,9 @@ class Run:
             if not paths:
                 connection.register(table, self._empty(table))
                 continue
-            listing = ", ".join("'" + self._url(path).replace("'", "''") + "'" for path in paths)
-            source = f"read_parquet([{listing}], union_by_name = true)"
+            urls = [duckdb_url(self._fs, path) for path in paths]
             rankless = sum(path in self._rankless for path in paths)
-            columns = "*"
-            if rankless == len(paths):
-                columns = "*, 0::integer as rank"
-            elif rankless:
-                columns = "* replace (coalesce(rank, 0)::integer as rank)"
-            connection.execute(
-                f"create or replace temp view {table} as select {columns} from {source}"
-            )
-
-    def _database(self) -> Any:
-        """One in-memory DuckDB database per Run: opening one costs ~20 ms a query."""
-        if self._duckdb is None:
-            duckdb = require("duckdb", "dataframe")
-            self._duckdb = duckdb.connect()
-            if self._fs.protocol not in ("file", ("file", "local")):
-                self._duckdb.register_filesystem(self._fs)
-            _DATABASES.add(self)
-        return self._duckdb
-
-    def _close_database(self) -> None:
-        database, self._duckdb = self._duckdb, None
-        if database is not None:
-            with contextlib.suppress(Exception):  # closing at exit: nothing left to tell
-                database.close()
+            create_view(connection, table, urls, rankless)
 
     # ------------------------------------------------------------------ files
 
@@ -323,7 +276,7 @@ class Run:
                 except FileNotFoundError:
                     raise  # compacted meanwhile: the caller lists again
                 except Exception as error:  # any damage: truncated, garbage
-                    _warn_damaged(path, error)
+                    warn_damaged(path, error)
                     continue
                 if "rank" not in columns:
                     self._rankless.add(path)
@@ -350,23 +303,6 @@ class Run:
             schema = {"scalars": SCALARS_SCHEMA, "alerts": ALERTS_SCHEMA}.get(table, CALLS_SCHEMA)
         return schema.empty_table()
 
-    def _url(self, path: str) -> str:
-        protocol = self._fs.protocol
-        protocol = protocol[0] if isinstance(protocol, tuple) else protocol
-        return path if protocol in ("file", "local") else f"{protocol}://{path.lstrip('/')}"
-
-
-# Runs whose DuckDB database is open. Each is closed at exit: a connection still alive when
-# the interpreter shuts down (a Run kept by a thread, a cycle) makes DuckDB's bindings print
-# "nanobind: leaked ... instances" on stderr.
-_DATABASES: weakref.WeakSet[Run] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_databases() -> None:
-    for run in list(_DATABASES):
-        run._close_database()
-
 
 def load(path: str | os.PathLike[str]) -> Run:
     """Open a run written by ``layerscope.watch(model, run=path)``, finished or not.
@@ -389,106 +325,8 @@ def load(path: str | os.PathLike[str]) -> Run:
     return Run(path)
 
 
-def runs(root: str | os.PathLike[str]) -> pandas.DataFrame:
-    """The runs directly under ``root``: name, path, status, steps, ranks, started, ended.
-
-    ``ranks`` counts the ranks that wrote files. A run's rank directories are not runs.
-
-    Raises:
-        TypeError: ``root`` is not a path or URL.
-        FileNotFoundError: there is no ``root``.
-        NotADirectoryError: ``root`` is a file.
-
-    Example::
-
-        layerscope.runs("runs")
-    """
-    if not isinstance(root, str | os.PathLike):
-        raise TypeError(f"root: expected the path or URL of a folder, got {type(root).__name__}")
-    pandas = require("pandas", "dataframe")
-    fsspec = require("fsspec", "dataframe")
-    fs, base = fsspec.core.url_to_fs(os.fspath(root))
-    if not fs.exists(base):
-        raise FileNotFoundError(f"root: no folder at {os.fspath(root)}")
-    if not fs.isdir(base):
-        raise NotADirectoryError(f"root: {os.fspath(root)} is a file, not a folder of runs")
-    rows = []
-    for entry in sorted(fs.ls(base, detail=False)):
-        if not _holds_run(fs, entry.rstrip("/")):
-            continue
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
-        local = fs.protocol in ("file", ("file", "local"))
-        location = entry if local else f"{os.fspath(root).rstrip('/')}/{name}"
-        try:
-            meta = Run(location).meta
-        except (OSError, ValueError) as error:
-            _warn_damaged(location, error)
-            continue
-        rank = directory_rank(name)
-        if rank is not None and meta.get("rank") == rank:
-            continue  # the directory of a rank of the run at root, not a run
-        rows.append(
-            {
-                "name": meta.get("name"),
-                "path": location,
-                "status": meta.get("status"),
-                "steps": meta.get("steps"),
-                "ranks": len(meta["ranks"]),
-                "started": pandas.to_datetime(meta.get("started"), unit="s"),
-                "ended": pandas.to_datetime(meta.get("ended"), unit="s"),
-            }
-        )
-    columns = ["name", "path", "status", "steps", "ranks", "started", "ended"]
-    return pandas.DataFrame(rows, columns=columns)
-
-
-def _holds_run(fs: Any, directory: str) -> bool:
-    """Whether ``directory`` holds a run: a ``run.json`` of its own or of one of its ranks."""
-    if fs.exists(f"{directory}/{RUN_FILE}"):
-        return True
-    if not fs.isdir(directory):
-        return False
-    return any(
-        directory_rank(path.rstrip("/").rsplit("/", 1)[-1]) is not None
-        and fs.exists(f"{path.rstrip('/')}/{RUN_FILE}")
-        for path in fs.ls(directory, detail=False)
-    )
-
-
-def _status(meta: dict[str, Any]) -> str:
-    """The saved status, or ``"crashed"`` for a run marked running whose process is gone.
-
-    A process is gone when its heartbeat (``updated``, renewed at every flush) is older than
-    ten heartbeats and a minute, on any host; or, on this host, when its pid is gone.
-    """
-    status = str(meta.get("status", "unknown"))
-    if status != "running":
-        return status
-    updated, beat = meta.get("updated"), meta.get("heartbeat_seconds")
-    if isinstance(updated, int | float) and isinstance(beat, int | float):
-        silence = max(_MIN_SILENCE_SECONDS, _HEARTBEATS_MISSED * beat)
-        if time.time() - updated > silence:
-            return "crashed"
-    if meta.get("host") != socket.gethostname():
-        return status
-    try:
-        os.kill(int(meta["pid"]), 0)
-    except ProcessLookupError:
-        return "crashed"
-    except (PermissionError, KeyError, TypeError, ValueError):
-        pass
-    return status
-
-
-def _combined(statuses: list[str]) -> str:
-    """The run's status from its ranks': the first of crashed, failed, running any has."""
-    for status in _STATUS_ORDER:
-        if status in statuses:
-            return status
-    return "finished" if all(s == "finished" for s in statuses) else statuses[0]
-
-
-def _warn_damaged(path: str, error: BaseException) -> None:
+def warn_damaged(path: str, error: BaseException) -> None:
+    """Warn that ``path`` was skipped, for ``error``, and go on reading the rest."""
     warnings.warn(
         f"layerscope: skipped {path}, which cannot be read ({type(error).__name__}: {error})",
         LayerscopeWarning,

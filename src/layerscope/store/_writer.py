@@ -3,45 +3,33 @@
 from __future__ import annotations
 
 import contextlib
-import getpass
 import json
 import math
 import os
-import platform
-import socket
-import sys
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import torch
-
-from layerscope._identities import KEY_COLUMNS
 from layerscope._imports import require
 from layerscope.sinks._base import Records, RunInfo, RunSummary
+from layerscope.store._compaction import compact
+from layerscope.store._files import (
+    file_names,
+    remove_if_empty,
+    remove_written,
+    write_bytes,
+    write_parquet,
+)
 from layerscope.store._layout import (
     CALLS_FILE,
     MODULES_FILE,
     RUN_FILE,
-    SCHEMA_VERSION,
     SEGMENTED_TABLES,
-    compacted_name,
-    files_to_read,
     next_segment,
     rank_directory,
     segment_name,
-    segment_range,
 )
-
-# Columns whose min and max let a query skip row groups: the stats table's keys, and the
-# scalars' and calls' own.
-_KEY_COLUMNS = frozenset((*KEY_COLUMNS, "name", "seq"))
-# Rows of a row group of a compacted file: compaction holds fewer than twice as many at once
-# (under 1 KB each while it does). Smaller groups cost queries time: one module's series out
-# of a million rows written in segments of 2,400 took 25 ms with these, 61 ms with 2,048.
-COMPACTED_ROW_GROUP = 1 << 13
+from layerscope.store._run_meta import opening_meta
 
 
 class ParquetStore:
@@ -168,19 +156,11 @@ class ParquetStore:
         self._pending = {table: [] for table in SEGMENTED_TABLES}
         self._calls = None
         if self._place:
-            for name in (RUN_FILE, MODULES_FILE, CALLS_FILE):
-                if self._fs.exists(self._join(name)):
-                    self._fs.rm(self._join(name))
-            for table in SEGMENTED_TABLES:
-                for name in self._list(table):
-                    span = segment_range(name)
-                    if span is not None and span[0] >= self._first_segments[table]:
-                        self._fs.rm(self._join(f"{table}/{name}"))
-                _remove_if_empty(self._fs, self._join(table))
+            remove_written(self._fs, self._place, self._first_segments)
             if self._place != self._root:
-                _remove_if_empty(self._fs, self._place)
+                remove_if_empty(self._fs, self._place)
         if self._made_root:
-            _remove_if_empty(self._fs, self._root)
+            remove_if_empty(self._fs, self._root)
 
     def _check_free(self, place: str) -> None:
         """Raise ``FileExistsError`` if ``place`` (relative to the root) holds a run."""
@@ -208,43 +188,16 @@ class ParquetStore:
                 self._fs.makedirs(self._join(table), exist_ok=True)
                 self._segments[table] = next_segment(self._list(table))
             self._first_segments = dict(self._segments)
-            self._meta = {
-                "schema": SCHEMA_VERSION,
-                "id": info.id,
-                "name": self.name,
-                "status": "running",
-                "started": info.started,
-                "ended": None,
-                "updated": time.time(),
-                # How often ``updated`` is renewed while the process lives: a reader takes a
-                # run whose heartbeat stopped for long for one that crashed.
-                "heartbeat_seconds": self.flush_seconds,
-                "user": _user(),
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "rank": rank,
-                "world_size": world_size,
-                "versions": {
-                    "python": platform.python_version(),
-                    "torch": torch.__version__,
-                    "layerscope": _layerscope_version(),
-                },
-                "argv": list(sys.argv),
-                "config": info.config,
-                "histogram_edges": info.histogram_edges,
-                "steps": 0,
-                # Rows of the stats table; scalars are counted apart.
-                "recorded_rows": 0,
-                "written_rows": 0,
-                "dropped_rows": 0,
-                "written_scalars": 0,
-                "dropped_scalars": 0,
-                "failures": 0,
-                "cost_seconds": 0.0,
-                "writer_seconds": 0.0,
-            }
+            self._meta = opening_meta(
+                info,
+                name=self.name,
+                rank=rank,
+                world_size=world_size,
+                heartbeat_seconds=self.flush_seconds,
+            )
             modules = [module.to_dict() for module in info.modules]
-            self._write_bytes(MODULES_FILE, json.dumps(modules, indent=1).encode())
+            payload = json.dumps(modules, indent=1).encode()
+            write_bytes(self._fs, self._join(MODULES_FILE), payload)
             self._write_meta()
         except BaseException:
             self._place = ""  # the next rows try again
@@ -415,102 +368,19 @@ class ParquetStore:
     # ------------------------------------------------------------------ files
 
     def _compact(self, table: str) -> None:
-        """Merge a table's files into one; the segments go only once the merged file is in.
+        """Merge a table's files into one (see ``_compaction``)."""
+        compact(self._fs, self._join(table))
 
-        Segments are read a row group's worth at a time, and written a row group at a time,
-        so that closing a long run does not hold all of it, or all of a large segment, at once.
-        """
-        pyarrow = require("pyarrow", "dataframe")
-        parquet = require("pyarrow.parquet", "dataframe")
-        names = files_to_read(self._list(table))
-        if len(names) < 2:
-            return
-        spans = [segment_range(name) for name in names]
-        first, last = spans[0][0], spans[-1][1]  # type: ignore[index]  # files_to_read keeps table files only
-        paths = [self._join(f"{table}/{name}") for name in names]
-        # ParquetFile, not read_table: that imports pyarrow.dataset, and with it pandas.
-        schemas = []
-        for path in paths:
-            with self._fs.open(path, "rb") as file:
-                schemas.append(parquet.ParquetFile(file).schema_arrow)
-        schema = pyarrow.unify_schemas(schemas, promote_options="permissive")
-
-        def pieces() -> Iterator[Any]:
-            for path in paths:
-                with self._fs.open(path, "rb") as file:
-                    # A segment may be large (a flush of many steps of a large model): read it
-                    # a row group's worth at a time.
-                    batches = parquet.ParquetFile(file).iter_batches(
-                        batch_size=COMPACTED_ROW_GROUP, use_threads=False
-                    )
-                    for batch in batches:
-                        yield _conform(pyarrow.Table.from_batches([batch]), schema)
-
-        self._write_table(f"{table}/{compacted_name(first, last)}", pieces(), schema)
-        for path in paths:
-            self._fs.rm(path)
-
-    def _write_table(self, relative: str, data: Any, schema: Any = None) -> None:
-        """Write a table, or an iterable of tables of ``schema``, as one Parquet file.
-
-        Tables of an iterable are gathered into row groups of ``COMPACTED_ROW_GROUP`` rows.
-        """
-        pyarrow = require("pyarrow", "dataframe")
-        parquet = require("pyarrow.parquet", "dataframe")
-        metadata = {b"layerscope.schema": str(SCHEMA_VERSION).encode()}
-        if schema is None:
-            schema, data = data.schema, [data]
-        schema = schema.with_metadata({**(schema.metadata or {}), **metadata})
-        strings = [f.name for f in schema if _is_string(f.type)]
-
-        def write(file: Any) -> None:
-            with parquet.ParquetWriter(
-                file,
-                schema,
-                compression="lz4",
-                use_dictionary=strings or False,
-                # Min and max help queries skip row groups by key; on statistics and
-                # histograms they only cost time.
-                write_statistics=[f.name for f in schema if f.name in _KEY_COLUMNS],
-            ) as writer:
-                waiting: list[Any] = []
-                rows = 0
-                for piece in data:
-                    waiting.append(piece.replace_schema_metadata(schema.metadata))
-                    rows += piece.num_rows
-                    if rows >= COMPACTED_ROW_GROUP:
-                        writer.write_table(pyarrow.concat_tables(waiting))
-                        waiting, rows = [], 0
-                if waiting:
-                    writer.write_table(pyarrow.concat_tables(waiting))
-
-        self._atomic(relative, write)
+    def _write_table(self, relative: str, data: Any) -> None:
+        """Write an Arrow table as one Parquet file, at ``relative`` in this rank's place."""
+        write_parquet(self._fs, self._join(relative), [data], data.schema)
 
     def _write_meta(self) -> None:
-        self._write_bytes(RUN_FILE, json.dumps(self._meta, indent=1, default=str).encode())
-
-    def _write_bytes(self, relative: str, payload: bytes) -> None:
-        self._atomic(relative, lambda file: file.write(payload))
-
-    def _atomic(self, relative: str, write: Any) -> None:
-        """Write to a hidden temporary name, then rename: readers see all of it or nothing."""
-        final = self._join(relative)
-        directory, _, name = final.rpartition("/")
-        temporary = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
-        try:
-            with self._fs.open(temporary, "wb") as file:
-                write(file)
-            self._fs.mv(temporary, final)
-        except BaseException:
-            if self._fs.exists(temporary):
-                self._fs.rm(temporary)
-            raise
+        payload = json.dumps(self._meta, indent=1, default=str).encode()
+        write_bytes(self._fs, self._join(RUN_FILE), payload)
 
     def _list(self, table: str) -> list[str]:
-        return [
-            path.rstrip("/").rsplit("/", 1)[-1]
-            for path in self._fs.ls(self._join(table), detail=False)
-        ]
+        return file_names(self._fs, self._join(table))
 
     def _join(self, relative: str) -> str:
         """``relative`` in this rank's directory."""
@@ -522,46 +392,3 @@ def _check_count(name: str, value: object) -> None:
         raise TypeError(f"{name}: expected an int >= 1, got {value!r}")
     if value < 1:
         raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-
-
-def _remove_if_empty(fs: Any, directory: str) -> None:
-    """Remove ``directory`` if it exists and holds nothing; leave it otherwise."""
-    try:
-        if fs.exists(directory) and not fs.ls(directory, detail=False):
-            fs.rmdir(directory)
-    except OSError:  # something appeared meanwhile, or it went: either way, not ours to take
-        pass
-
-
-def _conform(table: Any, schema: Any) -> Any:
-    """``table`` with the columns of ``schema``, in its order: missing ones null, types cast."""
-    pyarrow = require("pyarrow", "dataframe")
-    columns = []
-    for field in schema:
-        if field.name not in table.column_names:
-            columns.append(pyarrow.nulls(table.num_rows, field.type))
-            continue
-        column = table.column(field.name)
-        columns.append(column if column.type == field.type else column.cast(field.type))
-    return pyarrow.Table.from_arrays(columns, schema=schema)
-
-
-def _is_string(kind: Any) -> bool:
-    """A string column, plain or dictionary-encoded."""
-    pyarrow = require("pyarrow", "dataframe")
-    if pyarrow.types.is_dictionary(kind):
-        kind = kind.value_type
-    return bool(pyarrow.types.is_string(kind))
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return ""
-
-
-def _layerscope_version() -> str:
-    from layerscope import __version__
-
-    return __version__

@@ -1,0 +1,137 @@
+"""A rank's files: written so that a reader sees each one whole or not at all, and removed.
+
+Every file goes to a hidden temporary name first and is renamed into place once written:
+on a local disk and on object stores alike, a reader listing the directory never finds half a
+file.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from layerscope._identities import KEY_COLUMNS
+from layerscope._imports import require
+from layerscope.store._layout import (
+    CALLS_FILE,
+    MODULES_FILE,
+    RUN_FILE,
+    SCHEMA_VERSION,
+    SEGMENTED_TABLES,
+    segment_range,
+)
+
+# Columns whose min and max let a query skip row groups: the stats table's keys, and the
+# scalars' and calls' own.
+_KEY_COLUMNS = frozenset((*KEY_COLUMNS, "name", "seq"))
+
+
+def write_parquet(
+    fs: Any, path: str, tables: Iterable[Any], schema: Any, *, row_group: int | None = None
+) -> None:
+    """Write Arrow tables of ``schema`` as one Parquet file at ``path``, atomically.
+
+    Args:
+        fs: the fsspec filesystem ``path`` is on.
+        path: where the file goes.
+        tables: the tables, in order; an iterator is read as the file is written.
+        schema: their schema; each table is given its metadata.
+        row_group: gather the tables into row groups of at least this many rows; None
+            gathers them all into one write.
+    """
+    pyarrow = require("pyarrow", "dataframe")
+    parquet = require("pyarrow.parquet", "dataframe")
+    metadata = {b"layerscope.schema": str(SCHEMA_VERSION).encode()}
+    schema = schema.with_metadata({**(schema.metadata or {}), **metadata})
+    strings = [f.name for f in schema if _is_string(f.type)]
+
+    def write(file: Any) -> None:
+        with parquet.ParquetWriter(
+            file,
+            schema,
+            compression="lz4",
+            use_dictionary=strings or False,
+            # Min and max help queries skip row groups by key; on statistics and
+            # histograms they only cost time.
+            write_statistics=[f.name for f in schema if f.name in _KEY_COLUMNS],
+        ) as writer:
+            waiting: list[Any] = []
+            rows = 0
+            for piece in tables:
+                waiting.append(piece.replace_schema_metadata(schema.metadata))
+                rows += piece.num_rows
+                if row_group is not None and rows >= row_group:
+                    writer.write_table(pyarrow.concat_tables(waiting))
+                    waiting, rows = [], 0
+            if waiting:
+                writer.write_table(pyarrow.concat_tables(waiting))
+
+    atomic_write(fs, path, write)
+
+
+def write_bytes(fs: Any, path: str, payload: bytes) -> None:
+    """Write ``payload`` as the file at ``path``, atomically."""
+    atomic_write(fs, path, lambda file: file.write(payload))
+
+
+def atomic_write(fs: Any, path: str, write: Callable[[Any], object]) -> None:
+    """Write to a hidden temporary name, then rename: readers see all of it or nothing.
+
+    Args:
+        fs: the fsspec filesystem ``path`` is on.
+        path: where the file goes.
+        write: writes the contents into the binary file object it is given.
+    """
+    directory, _, name = path.rpartition("/")
+    temporary = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with fs.open(temporary, "wb") as file:
+            write(file)
+        fs.mv(temporary, path)
+    except BaseException:
+        if fs.exists(temporary):
+            fs.rm(temporary)
+        raise
+
+
+def file_names(fs: Any, directory: str) -> list[str]:
+    """The names (not paths) of what ``directory`` holds."""
+    return [path.rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(directory, detail=False)]
+
+
+def remove_written(fs: Any, place: str, first_segments: dict[str, int]) -> None:
+    """Remove what one writer wrote in a rank's ``place``, and the table directories left empty.
+
+    Args:
+        fs: the fsspec filesystem the run is on.
+        place: the rank's directory.
+        first_segments: the first segment the writer wrote of each table; earlier ones, of
+            another writer, stay.
+    """
+    for name in (RUN_FILE, MODULES_FILE, CALLS_FILE):
+        if fs.exists(f"{place}/{name}"):
+            fs.rm(f"{place}/{name}")
+    for table in SEGMENTED_TABLES:
+        for name in file_names(fs, f"{place}/{table}"):
+            span = segment_range(name)
+            if span is not None and span[0] >= first_segments[table]:
+                fs.rm(f"{place}/{table}/{name}")
+        remove_if_empty(fs, f"{place}/{table}")
+
+
+def remove_if_empty(fs: Any, directory: str) -> None:
+    """Remove ``directory`` if it exists and holds nothing; leave it otherwise."""
+    try:
+        if fs.exists(directory) and not fs.ls(directory, detail=False):
+            fs.rmdir(directory)
+    except OSError:  # something appeared meanwhile, or it went: either way, not ours to take
+        pass
+
+
+def _is_string(kind: Any) -> bool:
+    """A string column, plain or dictionary-encoded."""
+    pyarrow = require("pyarrow", "dataframe")
+    if pyarrow.types.is_dictionary(kind):
+        kind = kind.value_type
+    return bool(pyarrow.types.is_string(kind))

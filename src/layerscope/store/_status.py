@@ -1,0 +1,77 @@
+"""A run's status: each rank's from its ``run.json`` and heartbeat, the run's from all of them.
+
+A rank marked running may have died without a word (a kill, a lost host): its ``updated``
+time, renewed at every flush, tells it on any host, and its pid on its own host.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+# A run marked running whose ``run.json`` was not renewed for this long, and for ten of its
+# heartbeats, is taken for one that died: on another host its process cannot be asked.
+_MIN_SILENCE_SECONDS = 60.0
+_HEARTBEATS_MISSED = 10
+# The order in which ranks' statuses win the run's: one rank that crashed makes a crashed run.
+_STATUS_ORDER = ("crashed", "failed", "running")
+
+
+def combine_metas(metas: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The run's meta from each rank's ``run.json``, by rank.
+
+    Returns:
+        The lowest rank's ``run.json`` with ``ranks``, a summary of each rank's (``rank``,
+        ``status``, ``steps``, ``host``, ``pid``, ``updated``), and ``status`` the run's.
+    """
+    meta = dict(metas[min(metas)])
+    ranks: list[dict[str, Any]] = []
+    for rank, rank_meta in sorted(metas.items()):
+        ranks.append(
+            {
+                "rank": rank,
+                "status": _status(rank_meta),
+                "steps": rank_meta.get("steps"),
+                "host": rank_meta.get("host"),
+                "pid": rank_meta.get("pid"),
+                "updated": rank_meta.get("updated"),
+            }
+        )
+    meta["status"] = _combined([entry["status"] for entry in ranks])
+    meta["ranks"] = ranks
+    return meta
+
+
+def _status(meta: dict[str, Any]) -> str:
+    """The saved status, or ``"crashed"`` for a run marked running whose process is gone.
+
+    A process is gone when its heartbeat (``updated``, renewed at every flush) is older than
+    ten heartbeats and a minute, on any host; or, on this host, when its pid is gone.
+    """
+    status = str(meta.get("status", "unknown"))
+    if status != "running":
+        return status
+    updated, beat = meta.get("updated"), meta.get("heartbeat_seconds")
+    if isinstance(updated, int | float) and isinstance(beat, int | float):
+        silence = max(_MIN_SILENCE_SECONDS, _HEARTBEATS_MISSED * beat)
+        if time.time() - updated > silence:
+            return "crashed"
+    if meta.get("host") != socket.gethostname():
+        return status
+    try:
+        os.kill(int(meta["pid"]), 0)
+    except ProcessLookupError:
+        return "crashed"
+    except (PermissionError, KeyError, TypeError, ValueError):
+        pass
+    return status
+
+
+def _combined(statuses: list[str]) -> str:
+    """The run's status from its ranks': the first of crashed, failed, running any has."""
+    for status in _STATUS_ORDER:
+        if status in statuses:
+            return status
+    return "finished" if all(s == "finished" for s in statuses) else statuses[0]
