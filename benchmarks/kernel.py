@@ -1,10 +1,13 @@
 """Time per element of the statistics kernels on the CPU: the C kernel and the torch ones.
 
-    python benchmarks/kernel.py            # prints the table
+    python benchmarks/kernel.py            # prints the tables
     python benchmarks/kernel.py --write    # also updates BENCHMARKS.md
+    python benchmarks/kernel.py --quick    # the C kernel only: no torch.compile
 
-Eight float32 tensors of 400,000 values each (12.8 MB, more than L2), read in turn; the
-figure is the best of 15 passes over all of them, in nanoseconds per element.
+Eight tensors of 400,000 values each (12.8 MB of float32, more than L2), read in turn; the
+figure is the best of 15 passes over all of them, in nanoseconds per element. The first table
+times float32 with and without the log2 histogram, for each copy of the C kernel this CPU runs
+and for the torch kernels; the second the other dtypes and the linear histogram, on 2 threads.
 """
 
 from __future__ import annotations
@@ -18,10 +21,18 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from layerscope.stats import WIDTH, Log2Histogram, _native, _partials
+from layerscope.stats import (
+    WIDTH,
+    HistogramSpec,
+    LinearHistogram,
+    Log2Histogram,
+    _native,
+    _partials,
+)
 from report import replace_section
 
 SIZE, COUNT, PASSES = 400_000, 8, 15
+LINEAR = LinearHistogram(-4.0, 4.0, 64)
 
 
 def per_element(kernel: Callable[[torch.Tensor], object], tensors: list[torch.Tensor]) -> float:
@@ -36,61 +47,110 @@ def per_element(kernel: Callable[[torch.Tensor], object], tensors: list[torch.Te
     return best / (SIZE * COUNT) * 1e9
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
-    args = parser.parse_args()
+def native(histogram: HistogramSpec | None) -> Callable[[torch.Tensor], object]:
+    slots = 0 if histogram is None else histogram.slots
+    rows = torch.zeros(1, WIDTH + slots, dtype=torch.float64)
+    return lambda x: _native.partials_into(x, rows, 0, histogram)
+
+
+def torch_kernel(histogram: HistogramSpec | None) -> Callable[[torch.Tensor], object]:
+    """The torch kernels as the CPU falls back on them: compiled where it can."""
+    return lambda x: _partials._torch_partials(x, histogram, quiet=False)
+
+
+def eager(histogram: HistogramSpec | None) -> Callable[[torch.Tensor], object]:
+    def run(x: torch.Tensor) -> object:
+        if histogram is None:
+            return _partials._float32_partials(x)
+        row, bins = _partials._float32_partials_and_bins(x)
+        return row, _partials._count_bins(bins, Log2Histogram.slots)
+
+    return run
+
+
+def float32_table(quick: bool) -> list[str]:
     torch.manual_seed(0)
     data = {
         "randn": [torch.randn(SIZE) for _ in range(COUNT)],
         "relu(randn): half zeros": [torch.randn(SIZE).relu() for _ in range(COUNT)],
     }
-    rows = torch.zeros(1, WIDTH + Log2Histogram.slots, dtype=torch.float64)
-    kernels: dict[str, tuple[int, Callable[[torch.Tensor, bool], object]]] = {}
+    kernels: list[tuple[str, int, Callable[[HistogramSpec | None], Callable[..., object]]]] = []
     if _native.library() is not None:
-
-        def native(x: torch.Tensor, hist: bool) -> None:
-            _native.partials_into(x, rows, 0, hist)
-
-        kernels["C kernel, 1 thread"] = (1, native)
-        kernels["C kernel, 2 threads"] = (2, native)
-    kernels["torch.compile'd kernel, 2 threads"] = (2, _compiled)
-    kernels["eager torch kernel, 2 threads"] = (2, _eager)
-    lines = [
-        "| kernel | data | with histogram | without |",
-        "|---|---|---|---|",
-    ]
-    for name, (threads, kernel) in kernels.items():
+        best = _native.select_isa(None)
+        kernels += [(f"C kernel ({best}), 1 thread", 1, native)]
+        for isa in reversed(_native.ISAS[: _native.ISAS.index(best) + 1]):
+            kernels.append((f"C kernel ({isa}), 2 threads", 2, native))
+    if not quick:
+        kernels += [
+            ("torch.compile'd kernel, 2 threads", 2, torch_kernel),
+            ("eager torch kernel, 2 threads", 2, eager),
+        ]
+    lines = ["| kernel | data | with histogram | without |", "|---|---|---|---|"]
+    for name, threads, make in kernels:
         torch.set_num_threads(threads)
+        if name.startswith("C kernel"):
+            _native.select_isa(name.split("(")[1].split(")")[0])
         for label, tensors in data.items():
-            times = [per_element(lambda x, h=h, k=kernel: k(x, h), tensors) for h in (True, False)]
+            times = [per_element(make(h), tensors) for h in (Log2Histogram(), None)]
             lines.append(f"| {name} | {label} | {times[0]:.2f} ns | {times[1]:.2f} ns |")
             print(lines[-1], flush=True)
+    if _native.library() is not None:
+        _native.select_isa(None)
+    return lines
+
+
+def dtype_table(quick: bool) -> list[str]:
+    torch.manual_seed(0)
+    base = [torch.randn(SIZE) for _ in range(COUNT)]
+    cases: list[tuple[str, list[torch.Tensor], HistogramSpec]] = [
+        ("float32, log2 histogram", base, Log2Histogram()),
+        ("bfloat16, log2 histogram", [x.bfloat16() for x in base], Log2Histogram()),
+        ("float16, log2 histogram", [x.half() for x in base], Log2Histogram()),
+    ]
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        if hasattr(torch, name):
+            fp8 = [x.to(getattr(torch, name)) for x in base]
+            cases.append((f"{name}, log2 histogram", fp8, Log2Histogram()))
+    cases.append((f"float32, linear histogram of {LINEAR.bins} bins", base, LINEAR))
     torch.set_num_threads(2)
-    text = "\n".join(lines)
+    header = "| input, 2 threads | C kernel |" + ("" if quick else " torch kernels |")
+    lines = [header, "|---|---|" + ("" if quick else "---|")]
+    for label, tensors, histogram in cases:
+        cells = []
+        if _native.library() is not None:
+            cells.append(f"{per_element(native(histogram), tensors):.2f} ns")
+        else:
+            cells.append("-")
+        if not quick:
+            cells.append(f"{per_element(torch_kernel(histogram), tensors):.2f} ns")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    parser.add_argument("--quick", action="store_true", help="the C kernel only")
+    args = parser.parse_args()
+    print(f"kernel: {_partials.kernel_name('cpu')}", flush=True)
+    first = float32_table(args.quick)
+    print(flush=True)
+    second = dtype_table(args.quick)
+    torch.set_num_threads(2)
     if args.write:
         command = f"python benchmarks/kernel.py {' '.join(sys.argv[1:])}".strip()
         replace_section(
             "Statistics kernel (CPU)",
-            f"Command: `{command}`. Per element of float32, best of {PASSES} passes over "
-            f"{COUNT} tensors of {SIZE:,} values: every partial (count, mean, M2, min, max, "
-            "zeros, NaN, Inf, signs) with and without the 256-bin log2 histogram.\n\n" + text,
+            f"Command: `{command}`. Per element, best of {PASSES} passes over {COUNT} tensors "
+            f"of {SIZE:,} values: every partial (count, mean, M2, min, max, zeros, NaN, Inf, "
+            "signs) with and without the 256-bin log2 histogram, for each copy of the C kernel "
+            "this CPU runs (its best one is the default) and the torch kernels.\n\n"
+            + "\n".join(first)
+            + "\n\nOther dtypes and the linear histogram (`histogram=('linear', -4, 4, 64)`), "
+            "randn; the torch kernels as the CPU falls back on them (float32 widened, "
+            "torch.compile'd, the linear bins eager):\n\n" + "\n".join(second),
         )
-
-
-def _compiled(x: torch.Tensor, hist: bool) -> object:
-    out = _partials._fused_float32(x, with_bins=hist)
-    if hist:
-        row, bins = out
-        return row, _partials._count_bins(bins, Log2Histogram.slots)
-    return out
-
-
-def _eager(x: torch.Tensor, hist: bool) -> object:
-    if hist:
-        row, bins = _partials._float32_partials_and_bins(x)
-        return row, _partials._count_bins(bins, Log2Histogram.slots)
-    return _partials._float32_partials(x)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from layerscope._select import is_compiled, select, unwrap
 from layerscope._steps import StepClock
 from layerscope.sinks._base import FanOut, RunInfo, RunSummary, Sink
 from layerscope.sinks._memory import MemorySink
+from layerscope.stats._partials import kernel_name
 
 if TYPE_CHECKING:
     import pandas
@@ -375,7 +376,14 @@ class Scope:
             failures=self._failures.count,
             cost_seconds=self._meter.seconds,
             writer_seconds=writer_seconds,
+            kernel=kernel_name(self._device_type()),
         )
+
+    def _device_type(self) -> str:
+        """The model's device type: an accelerator's where any tensor is on one, else "cpu"."""
+        tensors = [*self._root.parameters(), *self._root.buffers()]
+        accelerators = sorted({t.device.type for t in tensors} - {"cpu", "meta"})
+        return accelerators[0] if accelerators else "cpu"
 
     def _fail(self, where: str, error: BaseException) -> None:
         self._failures.record(where, error)

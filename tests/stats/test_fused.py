@@ -30,14 +30,17 @@ def test_compiled_and_eager_kernels_agree(name):
     fused, fused_bins = _partials._fused_float32(x, with_bins=True)
     assert _partials._compile_state == "ready"
     assert torch.equal(fused_bins, eager_bins)
-    assert torch.equal(_partials._fused_float32(x, with_bins=False), fused)
-    counts = [0, 1, 6, 7, 8, 9, 10]  # numel, count, zeros, nan, inf, neg, pos
-    assert torch.equal(fused[counts], eager[counts])
-    assert torch.equal(fused[4:6], eager[4:6])  # min and max are exact
-    scale = max(float(eager[4:6].abs().nan_to_num(0, 0, 0).max()), 1e-300)
-    assert abs(float(fused[2] - eager[2])) <= 1e-12 * scale  # mean
-    # M2: float64 sums in a different order; relative error, floored by the scale of x**2.
-    assert torch.isclose(fused[3], eager[3], rtol=1e-10, atol=1e-20 * scale**2 * x.numel())
+    # The kernel without bins is another compiled kernel: its sums may run in another order
+    # (inductor's cache may hold one made for another thread count), so it is held to the same
+    # bounds, not to the same bits.
+    for row in (fused, _partials._fused_float32(x, with_bins=False)):
+        counts = [0, 1, 6, 7, 8, 9, 10]  # numel, count, zeros, nan, inf, neg, pos
+        assert torch.equal(row[counts], eager[counts])
+        assert torch.equal(row[4:6], eager[4:6])  # min and max are exact
+        scale = max(float(eager[4:6].abs().nan_to_num(0, 0, 0).max()), 1e-300)
+        assert abs(float(row[2] - eager[2])) <= 1e-12 * scale  # mean
+        # M2: float64 sums in a different order; relative error, floored by the scale of x**2.
+        assert torch.isclose(row[3], eager[3], rtol=1e-10, atol=1e-20 * scale**2 * x.numel())
 
 
 def test_a_failing_compile_warns_once_and_falls_back_to_eager(monkeypatch):

@@ -50,6 +50,9 @@ class RunSummary:
     cost_seconds: float = 0.0  # layerscope's time on the training thread
     writer_seconds: float = 0.0  # CPU time of its writer thread, off the training thread
     dropped_scalars: int = 0  # scalars lost on the way
+    # Which kernel computed the statistics on the model's device: "native-avx2" (the C
+    # kernel's AVX2 copy), "compiled", ...: the figures' speed depends on it.
+    kernel: str = ""
 
 
 @dataclass(slots=True)

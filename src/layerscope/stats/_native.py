@@ -1,74 +1,121 @@
-"""The CPU statistics kernel in C: built with the system's compiler on first use, then cached.
+"""The CPU statistics kernel in C: built when layerscope is installed, loaded with ctypes.
 
 On the CPU, one pass of ``_native.c`` over a float32 tensor's memory computes its partials and
-log2 histogram 7 to 14 times faster than the compiled torch kernel, which spends most of its
+log2 histogram 6 to 15 times faster than the compiled torch kernel, which spends most of its
 time on the histogram (``benchmarks/kernel.py``), and needs neither inductor's compile time
-nor its memory; another pass gives the sentinel's minimum and maximum. The library is built
-once per source, machine and flags, into ``$LAYERSCOPE_CACHE`` (default
-``~/.cache/layerscope``), and loaded with ctypes, whose calls release the GIL.
+nor its memory; another pass gives the sentinel's minimum and maximum. It reads float32,
+bfloat16, float16 and the 8-bit floats where they lie, and counts the log2 or a linear
+histogram.
 
-Where there is no C compiler, or ``LAYERSCOPE_NATIVE=0``, ``library()`` is None and the torch
-kernels do the work. A compiler that fails gives one ``LayerscopeWarning``.
+``setup.py`` builds it into ``libnative.so`` beside this file (``pip install``, ``pip install
+-e``, ``pip wheel``), without ``-march=native``: the library holds a copy of the kernel per
+instruction set and ``layerscope_select`` picks the best one this CPU runs. Its threads are
+torch's: it calls torch's OpenMP runtime, whose entry points this module finds, and links no
+runtime of its own. ctypes releases the GIL for each call.
+
+Where the library is missing (installed with no compiler) or does not load, ``library()`` is
+None, ``problem()`` says why, and the torch kernels do the work; ``_partials`` warns once.
+``LAYERSCOPE_BUILD_NATIVE=1`` builds it at first use instead, into a private per-user cache,
+under a lock, at most once per process; ``LAYERSCOPE_NATIVE=0`` turns the kernel off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
-import warnings
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import torch
 from torch import Tensor
 
-from layerscope._errors import LayerscopeWarning
+from layerscope.stats._histogram import HistogramSpec, LinearHistogram
 from layerscope.stats._layout import WIDTH
 
+LIBRARY = Path(__file__).with_name("libnative.so")  # where setup.py builds it
 SOURCE = Path(__file__).with_name("_native.c")
-_ABI = 100 * WIDTH + 2  # the C file's ABI: its row width and a version
-DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the kernel's codes of the dtypes it reads
+_ABI = 100 * WIDTH + 3  # the C file's ABI: its row width and a version
+# The kernel's codes of the dtypes it reads; the 8-bit floats are _BYTE, decoded by a table.
+DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_BYTE = 3
+ISAS = ("portable", "avx2", "avx512")  # layerscope_select's levels
+MAX_LINEAR_BINS = 1 << 30  # from _native.c
 _HIST_OFFSET = WIDTH * 8  # bytes from a row's start to its histogram
-# From most to least capable; OpenMP is left out where the compiler has none (Apple's clang).
-# On x86, 512-bit vectors where the CPU has them: about 10% faster than gcc's default 256.
-_WIDE = ("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ()
-_FLAG_SETS = tuple(
-    ("-O3", "-fno-strict-aliasing", *flags)  # the kernel reads floats' bits through uint32_t
-    for flags in (
-        ("-march=native", *_WIDE, "-fopenmp"),
-        ("-march=native", "-fopenmp"),
-        ("-fopenmp",),
-        ("-march=native",),
-        (),
-    )
-)
 
+# The opt-in build at first use: the flags of setup.py, and limits so that it cannot stall
+# training for long.
+_FLAGS = (
+    "-O3", "-g0", "-fno-strict-aliasing", "-ffp-contract=off", "-fno-trapping-math",
+    "-fvisibility=hidden", "-shared", "-fPIC",
+)  # fmt: skip
+_OPTIONAL_FLAGS = ("-fopenmp-simd",)
+_COMPILE_TIMEOUT = 60.0  # seconds; a build takes about 1.5 s
+_LOCK_TIMEOUT = _COMPILE_TIMEOUT + 30.0  # waiting for another process's build
+
+_lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _state = "untried"  # "untried", "ready" or "absent"
+_problem: str | None = None  # why there is no kernel; None where it is turned off
+_decode: dict[torch.dtype, Tensor] = {}  # float32 bits of each byte of an 8-bit float dtype
 
 
 def library() -> ctypes.CDLL | None:
-    """The loaded kernel, building it on first use; None where it cannot be had."""
-    global _library, _state
+    """The loaded kernel, loading it on first use; None where there is none. Never warns."""
+    global _library, _state, _problem
     if _state == "untried":
-        _state = "absent"
-        try:
-            _library = _load()
-        except Exception as error:  # a broken compiler or cache must not stop training
-            warnings.warn(
-                f"layerscope: building the CPU statistics kernel failed ({error}); "
-                "using torch's kernels, which are slower",
-                LayerscopeWarning,
-                stacklevel=2,
-            )
-        if _library is not None:
-            _state = "ready"
+        with _lock:
+            if _state == "untried":
+                _library, _problem = _find()
+                _state = "ready" if _library is not None else "absent"
     return _library
+
+
+def problem() -> str | None:
+    """Why there is no kernel (once ``library()`` has looked), or None: it is there or off."""
+    library()
+    return _problem
+
+
+def kernel_name() -> str | None:
+    """``"native-avx512"``, ``"native-avx2"`` or ``"native"`` (portable), or None: no kernel."""
+    lib = library()
+    if lib is None:
+        return None
+    isa = lib.layerscope_isa().decode()
+    return "native" if isa == "portable" else f"native-{isa}"
+
+
+def select_isa(name: str | None) -> str:
+    """Use the copy of the kernel for ``name`` (``ISAS``), or the best one for None.
+
+    A set the CPU lacks gives the best one it has. Returns the set in use. For tests and
+    benchmarks: the choice holds for the whole process.
+    """
+    lib = library()
+    assert lib is not None, "select_isa needs library()"
+    return ISAS[lib.layerscope_select(-1 if name is None else ISAS.index(name))]
+
+
+def reads(dtype: torch.dtype) -> bool:
+    """Whether the kernel reads tensors of ``dtype`` (float64 is left to torch's kernels)."""
+    return dtype in DTYPES or (dtype.is_floating_point and dtype.itemsize == 1)
+
+
+def reads_histogram(histogram: HistogramSpec | None) -> bool:
+    """Whether the kernel counts ``histogram``: all but linear ones of over 2**30 bins."""
+    return not isinstance(histogram, LinearHistogram) or histogram.bins <= MAX_LINEAR_BINS
 
 
 def owns_memory(x: Tensor) -> bool:
@@ -80,22 +127,31 @@ def owns_memory(x: Tensor) -> bool:
     return type(x) in (Tensor, torch.nn.Parameter) and x.data_ptr() != 0
 
 
-def partials_into(x: Tensor, rows: Tensor, index: int, with_histogram: bool) -> None:
-    """Write the partials of ``x`` to the start of ``rows[index]``, its log2 histogram after.
+def partials_into(x: Tensor, rows: Tensor, index: int, histogram: HistogramSpec | None) -> None:
+    """Write the partials of ``x`` to the start of ``rows[index]``, its histogram after.
 
-    ``x`` must be a non-empty float32 or bfloat16 CPU tensor (``DTYPES``); ``rows`` is a
-    contiguous float64 CPU matrix of ``WIDTH`` columns, or of ``WIDTH + LOG2_BINS`` with the
-    histogram, such as the recorder's buffer.
-    This runs once per recorded tensor: it works on pointers, with no tensor views.
+    ``x`` must be a non-empty CPU tensor of a dtype the kernel ``reads``; ``rows`` is a
+    contiguous float64 CPU matrix of ``WIDTH`` columns, or ``WIDTH + histogram.slots``, such
+    as the recorder's buffer. This runs once per recorded tensor: it works on pointers, with
+    no tensor views.
     """
     lib = library()
     assert lib is not None, "partials_into needs library()"
     x = _readable(x)
     row = rows.data_ptr() + index * rows.stride(0) * rows.element_size()
-    status = lib.layerscope_partials(
-        x.data_ptr(), x.numel(), DTYPES[x.dtype], row,
-        row + _HIST_OFFSET if with_histogram else None, torch.get_num_threads(),
-    )  # fmt: skip
+    code, decode = _code(x.dtype)
+    threads = torch.get_num_threads()
+    if isinstance(histogram, LinearHistogram):
+        lo, hi, bins = histogram.lo, histogram.hi, histogram.bins
+        # as _partials._linear_bin_index computes them
+        scale, width = bins / (hi - lo), (hi - lo) / bins
+        status = lib.layerscope_partials_linear(
+            x.data_ptr(), x.numel(), code, decode, row, row + _HIST_OFFSET, lo, hi, scale,
+            width, bins, threads,
+        )  # fmt: skip
+    else:
+        hist = None if histogram is None else row + _HIST_OFFSET
+        status = lib.layerscope_partials(x.data_ptr(), x.numel(), code, decode, row, hist, threads)
     if status != 0:
         raise RuntimeError(f"layerscope_partials returned {status} for dtype {x.dtype}")
 
@@ -109,12 +165,25 @@ def extremes_into(x: Tensor, pairs: Tensor, index: int) -> None:
     lib = library()
     assert lib is not None, "extremes_into needs library()"
     x = _readable(x)
+    code, decode = _code(x.dtype)
     status = lib.layerscope_extremes(
-        x.data_ptr(), x.numel(), DTYPES[x.dtype], pairs.data_ptr() + 16 * index,
+        x.data_ptr(), x.numel(), code, decode, pairs.data_ptr() + 16 * index,
         torch.get_num_threads(),
     )  # fmt: skip
     if status != 0:
         raise RuntimeError(f"layerscope_extremes returned {status} for dtype {x.dtype}")
+
+
+def _code(dtype: torch.dtype) -> tuple[int, int | None]:
+    """The kernel's code of ``dtype`` and, for an 8-bit float, the address of its table."""
+    code = DTYPES.get(dtype)
+    if code is not None:
+        return code, None
+    table = _decode.get(dtype)
+    if table is None:  # torch's own decoding of each of the 256 bytes, as float32 bits
+        table = torch.arange(256, dtype=torch.uint8).view(dtype).float().view(torch.int32)
+        _decode[dtype] = table
+    return _BYTE, table.data_ptr()
 
 
 def _readable(x: Tensor) -> Tensor:
@@ -140,84 +209,213 @@ def _dense(x: Tensor) -> bool:
     return True
 
 
-def _load() -> ctypes.CDLL | None:
+# Finding, loading and (opted into) building the library --------------------------------------
+
+
+def _find() -> tuple[ctypes.CDLL | None, str | None]:
+    """The library and None, or None and why there is none (None again where it is off)."""
     if os.environ.get("LAYERSCOPE_NATIVE", "1") == "0":
-        return None
-    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or "gcc"]
-    if shutil.which(compiler[0]) is None:
-        return None
-    source = SOURCE.read_bytes()
-    errors = []
-    for flags in _FLAG_SETS:
-        path = _cache_dir() / f"stats-{_key(source, compiler, flags)}.so"
+        return None, None
+    if LIBRARY.exists():
         try:
-            if not path.exists():
-                _compile(compiler, flags, path)
-            try:
-                lib = ctypes.CDLL(str(path))
-            except OSError:  # a damaged file in the cache: build it again, once
-                path.unlink(missing_ok=True)
-                _compile(compiler, flags, path)
-                lib = ctypes.CDLL(str(path))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-            errors.append(str(error))
-            continue  # fewer flags may do: no OpenMP, no -march=native
-        if lib.layerscope_abi() != _ABI:
-            raise RuntimeError(f"{path} has ABI {lib.layerscope_abi()}, expected {_ABI}")
-        lib.layerscope_partials.restype = ctypes.c_int
-        lib.layerscope_partials.argtypes = [
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-            ctypes.c_int,
-        ]  # fmt: skip
-        lib.layerscope_extremes.restype = ctypes.c_int
-        lib.layerscope_extremes.argtypes = [
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-        ]  # fmt: skip
-        return lib
-    raise RuntimeError(errors[-1])
+            return _open(LIBRARY), None
+        except (OSError, RuntimeError, AttributeError) as error:  # AttributeError: a symbol
+            why = f"{LIBRARY} does not load ({error})"
+    else:
+        why = "it was not built when layerscope was installed (no C compiler there?)"
+    if os.environ.get("LAYERSCOPE_BUILD_NATIVE") != "1":
+        return None, why
+    try:
+        return _build(), None
+    except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as error:
+        return None, f"{why}, and building it with LAYERSCOPE_BUILD_NATIVE=1 failed ({error})"
 
 
-def _compile(compiler: list[str], flags: tuple[str, ...], path: Path) -> None:
-    """Build in a fresh folder beside ``path``, then rename it into place.
+def _open(path: Path) -> ctypes.CDLL:
+    """Load the library at ``path``, check that it is this version's, and set it up."""
+    lib = ctypes.CDLL(str(path))
+    if lib.layerscope_abi() != _ABI:
+        raise RuntimeError(f"ABI {lib.layerscope_abi()}, expected {_ABI}")
+    lib.layerscope_source_id.restype = ctypes.c_char_p
+    built_from = lib.layerscope_source_id().decode()
+    if built_from and SOURCE.exists() and built_from != _source_id(SOURCE.read_bytes()):
+        # an in-place build (pip install -e) that predates an edit of _native.c
+        raise RuntimeError("it was built from another _native.c: run `pip install -e .` again")
+    lib.layerscope_isa.restype = ctypes.c_char_p
+    lib.layerscope_select.argtypes = [ctypes.c_int]
+    lib.layerscope_partials.restype = ctypes.c_int
+    lib.layerscope_partials.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_int,
+    ]  # fmt: skip
+    lib.layerscope_partials_linear.restype = ctypes.c_int
+    lib.layerscope_partials_linear.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double,
+        ctypes.c_int64, ctypes.c_int,
+    ]  # fmt: skip
+    lib.layerscope_extremes.restype = ctypes.c_int
+    lib.layerscope_extremes.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_int,
+    ]  # fmt: skip
+    lib.layerscope_use_threads.restype = None
+    lib.layerscope_use_threads.argtypes = [ctypes.c_void_p] * 3
+    lib.layerscope_select(-1)
+    lib.layerscope_use_threads(*(_torch_openmp() or (None, None, None)))
+    return lib
 
-    Processes racing are safe, and the library keeps the compiler's usual permissions, so
-    whoever shares the cache can load it.
+
+_OPENMP = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
+
+
+def _torch_openmp() -> tuple[int, int, int] | None:
+    """The addresses of ``_OPENMP`` in the OpenMP runtime torch's threads run on, or None.
+
+    Looked up from libtorch_cpu, whose dependencies hold the runtime torch loaded (libgomp on
+    Linux, libomp on macOS: both have the GOMP entry points), and never loaded anew. None
+    where torch's threads are not OpenMP's: the kernel then runs on one thread.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    noload = getattr(os, "RTLD_NOLOAD", None)
+    if noload is None or "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    torch_lib = Path(torch.__file__).parent / "lib"
+    candidates = [*torch_lib.glob("libtorch_cpu.*"), *_mapped("libtorch_cpu")]
+    for path in candidates:
+        try:
+            handle = ctypes.CDLL(str(path), mode=noload | os.RTLD_LAZY)
+            found = [ctypes.cast(getattr(handle, name), ctypes.c_void_p).value for name in _OPENMP]
+        except (OSError, AttributeError):
+            continue
+        if all(found):
+            return found[0], found[1], found[2]  # type: ignore[return-value]  # all() checked
+    return None
+
+
+def _mapped(name: str) -> list[Path]:
+    """Files mapped into this process whose name starts with ``name`` (Linux; else none)."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return []
+    paths = {line.split(maxsplit=5)[-1] for line in lines if f"/{name}" in line}
+    return [Path(path) for path in sorted(paths)]
+
+
+def _build() -> ctypes.CDLL:
+    """Build the library with ``$CC`` (else ``cc``) and load it; LAYERSCOPE_BUILD_NATIVE=1.
+
+    Into a private per-user cache where there is one, so that processes (torchrun's ranks)
+    build once between them, under a lock; else into a temporary folder of this process's.
+    """
+    compiler = shlex.split(os.environ.get("CC", "")) or ["cc"]
+    if shutil.which(compiler[0]) is None:
+        raise RuntimeError(f"no C compiler: {compiler[0]} is not on PATH")
+    source = SOURCE.read_bytes()
+    folder = _private_cache()
+    if folder is None:
+        with tempfile.TemporaryDirectory(prefix="layerscope-") as temporary:
+            path = Path(temporary) / LIBRARY.name
+            _compile(compiler, source, path)
+            return _open(path)  # loaded: the file can go
+    digest = hashlib.sha256(source)
+    for part in (*compiler, *_FLAGS, platform.machine(), sys.platform):
+        digest.update(b"\0" + part.encode())
+    path = folder / f"libnative-{digest.hexdigest()[:16]}.so"
+    with _locked(folder / "build.lock"):
+        if not path.exists():  # else another process built it
+            _compile(compiler, source, path)
+    return _open(path)  # a failure here is final for this process: no second build
+
+
+def _private_cache() -> Path | None:
+    """``$LAYERSCOPE_CACHE`` (default ``~/.cache/layerscope``), made 0700 if new.
+
+    None unless it is this user's and no one else can write to it: a library there could
+    otherwise be replaced with another user's code.
+    """
+    getuid = getattr(os, "getuid", None)
+    configured = os.environ.get("LAYERSCOPE_CACHE")
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    folder = Path(configured) if configured else Path(base) / "layerscope"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = folder.stat()
+    except OSError:
+        return None
+    if getuid is None or info.st_uid != getuid() or info.st_mode & 0o022:
+        return None
+    return folder
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` for the block; give up after ``_LOCK_TIMEOUT``."""
+    import fcntl  # POSIX only, as is this build
+
+    with open(path, "a") as handle:
+        deadline = time.monotonic() + _LOCK_TIMEOUT
+        while not _try_lock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{path} stayed locked for {_LOCK_TIMEOUT:.0f} s")
+            time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _try_lock(handle: IO[str], flags: int) -> bool:
+    import fcntl
+
+    try:
+        fcntl.flock(handle, flags)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _compile(compiler: list[str], source: bytes, path: Path) -> None:
+    """Build in a fresh folder beside ``path``, then rename it into place."""
     folder = tempfile.mkdtemp(dir=path.parent)
     built = os.path.join(folder, path.name)
+    define = f'-DLAYERSCOPE_SOURCE_ID="{_source_id(source)}"'
     try:
-        command = [*compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", built]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            raise RuntimeError(f"{' '.join(command)}: {last}")
-        os.replace(built, path)
+        for optional in (_OPTIONAL_FLAGS, ()):
+            command = [*compiler, *_FLAGS, *optional, define, str(SOURCE), "-o", built, "-lm"]
+            status, errors = _run(command)
+            if status == 0:
+                os.replace(built, path)
+                return
+            if not any(flag in errors for flag in optional):
+                break  # again without -fopenmp-simd only where the compiler refused it
+        last = (errors.strip().splitlines() or ["no message"])[-1]
+        raise RuntimeError(f"{' '.join(command)}: {last}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _cache_dir() -> Path:
-    configured = os.environ.get("LAYERSCOPE_CACHE")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "layerscope"
+def _run(command: list[str]) -> tuple[int, str]:
+    """Run a compiler: its exit status and stderr.
 
-
-def _key(source: bytes, compiler: list[str], flags: tuple[str, ...]) -> str:
-    """Source, compiler, flags and CPU: ``-march=native`` code must not meet another CPU."""
-    digest = hashlib.sha256(source)
-    for part in (" ".join(compiler), " ".join(flags), platform.machine(), _cpu_identity()):
-        digest.update(b"\0" + part.encode())
-    return digest.hexdigest()[:16]
-
-
-def _cpu_identity() -> str:
-    """The model and feature flags of this CPU, where the system says (Linux); else ''."""
+    Past ``_COMPILE_TIMEOUT`` it is killed with the processes it started (cc1, as), and
+    ``subprocess.TimeoutExpired`` raised.
+    """
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, to kill as one
+    )
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    wanted = ("model name", "flags", "Features", "CPU part")
-    return "\n".join(dict.fromkeys(line for line in lines if line.startswith(wanted)))
+        _, errors = process.communicate(timeout=_COMPILE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    return process.returncode, errors
+
+
+def _source_id(source: bytes) -> str:
+    return hashlib.sha256(source).hexdigest()

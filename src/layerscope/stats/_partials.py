@@ -7,6 +7,7 @@ depend only on dtype and numel, which are metadata, never on data.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -53,21 +54,35 @@ def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor,
         if _native_reads(flat, histogram):
             slots = 0 if histogram is None else histogram.slots
             out = torch.empty(1, WIDTH + slots, dtype=torch.float64)
-            _native.partials_into(_native_input(flat), out, 0, histogram is not None)
+            _native.partials_into(flat, out, 0, histogram)
             return out[0, :WIDTH], None if histogram is None else out[0, WIDTH:].long()
-        if flat.dtype != torch.float64:
-            flat = flat.float()
-        if flat.numel() == 0:
-            return _empty_partials(flat.device), _empty_histogram(histogram, flat.device)
-        if flat.dtype == torch.float64:
-            row = _float_partials(flat)
-        elif isinstance(histogram, Log2Histogram):  # the bins come out of the same pass
-            row, bins = _fused_float32(flat, with_bins=True)
-            return row, _count_bins(bins, histogram.slots)
-        else:
-            row = _fused_float32(flat, with_bins=False)
-        hist = _histogram(flat, histogram) if histogram is not None else None
+        missing = _native_missing(flat, histogram)
+        row, hist = _torch_partials(flat, histogram, quiet=missing)
+        if missing:
+            _warn_native_missing()
         return row, hist
+
+
+def _torch_partials(
+    flat: Tensor, histogram: HistogramSpec | None, quiet: bool
+) -> tuple[Tensor, Tensor | None]:
+    """``tensor_partials`` of a flat floating tensor by torch's kernels.
+
+    ``quiet``: a failure to compile is left to the C kernel's warning, which names it.
+    """
+    if flat.dtype != torch.float64:
+        flat = flat.float()
+    if flat.numel() == 0:
+        return _empty_partials(flat.device), _empty_histogram(histogram, flat.device)
+    if flat.dtype == torch.float64:
+        row = _float_partials(flat)
+    elif isinstance(histogram, Log2Histogram):  # the bins come out of the same pass
+        row, bins = _fused_float32(flat, with_bins=True, quiet=quiet)
+        return row, _count_bins(bins, histogram.slots)
+    else:
+        row = _fused_float32(flat, with_bins=False, quiet=quiet)
+    hist = _histogram(flat, histogram) if histogram is not None else None
+    return row, hist
 
 
 def write_partials(x: Tensor, histogram: HistogramSpec | None, rows: Tensor, index: int) -> None:
@@ -78,7 +93,7 @@ def write_partials(x: Tensor, histogram: HistogramSpec | None, rows: Tensor, ind
     kernel writes there directly, with nothing allocated.
     """
     if x.is_floating_point() and _native_reads(x, histogram):
-        _native.partials_into(_native_input(x), rows, index, histogram is not None)
+        _native.partials_into(x, rows, index, histogram)
         return
     row, hist = tensor_partials(x, histogram)
     rows[index, :WIDTH] = row
@@ -90,37 +105,94 @@ def write_extremes(x: Tensor, pairs: Tensor, index: int) -> None:
     """Write the minimum and maximum of a non-empty floating ``x`` into ``pairs[index]``.
 
     NaN anywhere makes both NaN, as ``torch.aminmax``. ``pairs`` is a contiguous ``(n, 2)``
-    float64 matrix on ``x``'s device. On the CPU the C kernel reads float32 and bfloat16
-    tensors in one vectorised pass and writes there directly.
+    float64 matrix on ``x``'s device. On the CPU the C kernel reads float32, bf16, fp16 and
+    fp8 tensors in one vectorised pass and writes there directly.
     """
     if _native_reads(x, None):
-        _native.extremes_into(_native_input(x), pairs, index)
+        _native.extremes_into(x, pairs, index)
         return
     with torch.no_grad():
         low, high = torch.aminmax(x.detach())
     pairs[index, 0] = low
     pairs[index, 1] = high
+    if _native_missing(x, None):
+        _warn_native_missing()
+
+
+def kernel_name(device_type: str = "cpu") -> str:
+    """Which kernel computes the statistics of floating tensors on ``device_type``, for run.json.
+
+    ``"native-avx512"``, ``"native-avx2"`` or ``"native"``: the C kernel's AVX-512, AVX2 or
+    portable copy (the CPU only; float64 tensors take torch's kernels there too);
+    ``"compiled"``: the ``torch.compile``d kernel; ``"eager"``: torch's eager kernel, where
+    compiling failed or ``LAYERSCOPE_COMPILE=0``. Until a torch kernel first runs,
+    ``"compiled"`` means the one that will be tried. Where the C kernel is missing, the first
+    recorded step warns once and says why.
+
+    Example:
+        >>> kernel_name("cpu") in ("native-avx512", "native-avx2", "native", "compiled", "eager")
+        True
+    """
+    if device_type == "cpu":
+        native = _native.kernel_name()
+        if native is not None:
+            return native
+    if _compile_state == "failed" or os.environ.get("LAYERSCOPE_COMPILE", "1") == "0":
+        return "eager"
+    return "compiled"
 
 
 def _native_reads(flat: Tensor, histogram: HistogramSpec | None) -> bool:
-    """Whether the C kernel computes these partials.
+    """Whether the C kernel computes these partials."""
+    return _native_could_read(flat, histogram) and _native.library() is not None
+
+
+def _native_could_read(flat: Tensor, histogram: HistogramSpec | None) -> bool:
+    """Whether the C kernel, where there is one, computes these partials.
 
     It reads non-empty floating tensors on the CPU other than float64 (whose own precision the
-    torch kernel keeps), with the log2 histogram or none.
+    torch kernel keeps), with any histogram or none.
     """
     return (
         flat.device.type == "cpu"
-        and flat.dtype != torch.float64
+        and _native.reads(flat.dtype)
         and flat.numel() > 0
-        and (histogram is None or isinstance(histogram, Log2Histogram))
+        and _native.reads_histogram(histogram)
         and _native.owns_memory(flat)
-        and _native.library() is not None
     )
 
 
-def _native_input(x: Tensor) -> Tensor:
-    """float32 and bfloat16 as they are; float16 (and float8) widened to float32 first."""
-    return x if x.dtype in _native.DTYPES else x.detach().float()
+_native_warned = False
+
+
+def _native_missing(flat: Tensor, histogram: HistogramSpec | None) -> bool:
+    """Whether the C kernel should have read ``flat`` but is missing, and nobody said so yet."""
+    return (
+        not _native_warned
+        and _native_could_read(flat, histogram)
+        and _native.problem() is not None  # None: LAYERSCOPE_NATIVE=0, a choice
+    )
+
+
+def _warn_native_missing() -> None:
+    """Say once that statistics on the CPU are slower than they should be, and why."""
+    global _native_warned
+    _native_warned = True
+    if kernel_name("cpu") == "compiled":
+        instead = "the torch.compile'd kernel, about 10 times slower"
+    else:
+        instead = "the eager torch kernel, about 50 times slower"
+        if _compile_error is not None:
+            instead += f" (torch.compile failed: {_compile_error})"
+    warnings.warn(
+        f"layerscope: the C statistics kernel is missing: {_native.problem()}. Statistics on "
+        f"the CPU use {instead}. Reinstall layerscope where a C compiler is on PATH (`pip "
+        "install --force-reinstall --no-deps --no-binary layerscope layerscope`, or `pip "
+        "install .` in a checkout), or set LAYERSCOPE_BUILD_NATIVE=1 to build it at first "
+        "use; LAYERSCOPE_NATIVE=0 turns it off and silences this",
+        LayerscopeWarning,
+        stacklevel=3,
+    )
 
 
 def _float32_partials(x: Tensor) -> Tensor:
@@ -230,11 +302,32 @@ _KERNELS: dict[bool, Callable[[Tensor], Any]] = {
 }
 _compiled: dict[bool, Callable[[Tensor], Any]] = {}
 _compile_state = "untried"  # "untried", "ready" or "failed"
+_compile_error: str | None = None  # why compiling failed, where it ran and failed
+_own_graphs = 0  # graphs dynamo made for this kernel, told apart from the user's own compiles
 
 
-def _fused_float32(x: Tensor, with_bins: bool) -> Any:
-    """The float32 kernel, with the log2 bins if asked for; compiled where possible."""
-    global _compile_state
+def own_graph_count() -> int:
+    """How many of dynamo's graphs in this process are this kernel's, not the user's."""
+    return _own_graphs
+
+
+def _run_compiled(compiled: Callable[[Tensor], Any], x: Tensor) -> Any:
+    """``compiled(x)``, counting the graphs its (re)compiles add."""
+    global _own_graphs
+    stats = sys.modules["torch._dynamo.utils"].counters["stats"]
+    before = stats["unique_graphs"]
+    try:
+        return compiled(x)
+    finally:
+        _own_graphs += stats["unique_graphs"] - before
+
+
+def _fused_float32(x: Tensor, with_bins: bool, quiet: bool = False) -> Any:
+    """The float32 kernel, with the log2 bins if asked for; compiled where possible.
+
+    ``quiet``: a failure to compile is not warned of here (the caller's warning names it).
+    """
+    global _compile_state, _compile_error
     if _compile_state == "untried":
         _compile_state = "failed"
         if os.environ.get("LAYERSCOPE_COMPILE", "1") != "0":
@@ -248,16 +341,18 @@ def _fused_float32(x: Tensor, with_bins: bool) -> Any:
     if compiled is None:
         return _KERNELS[with_bins](x.contiguous())
     try:
-        return compiled(x.contiguous())
+        return _run_compiled(compiled, x.contiguous())
     except Exception as error:
         _compiled.clear()
         _compile_state = "failed"
-        warnings.warn(
-            f"layerscope: compiling the statistics kernel failed ({type(error).__name__}: "
-            f"{error}); using the eager kernel, which is slower",
-            LayerscopeWarning,
-            stacklevel=2,
-        )
+        _compile_error = f"{type(error).__name__}: {error}"
+        if not quiet:
+            warnings.warn(
+                f"layerscope: compiling the statistics kernel failed ({_compile_error}); "
+                "using the eager kernel, which is slower",
+                LayerscopeWarning,
+                stacklevel=2,
+            )
         return _KERNELS[with_bins](x.contiguous())
 
 

@@ -66,6 +66,7 @@ def opening_meta(
         "failures": 0,
         "cost_seconds": 0.0,
         "writer_seconds": 0.0,
+        "kernel": None,  # set at close: the statistics kernel that ran (see _partials)
     }
 
 

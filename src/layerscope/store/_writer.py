@@ -360,6 +360,7 @@ class ParquetStore:
                 failures=summary.failures,
                 cost_seconds=summary.cost_seconds,
                 writer_seconds=summary.writer_seconds + self._file_seconds,
+                kernel=summary.kernel,
             )
             self._write_meta()
         if late is not None:
