@@ -2,6 +2,10 @@
 
 import copy
 import gc
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
 import weakref
 
@@ -397,6 +401,20 @@ def test_a_deep_copy_of_a_watched_model_is_not_recorded_as_the_model():
     assert scope.failures == 0
 
 
+@pytest.fixture
+def nothing_compiled():
+    """This process as if nothing had been compiled in it (other tests compile models)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None:
+        yield
+        return
+    saved = dict(dynamo.counters["stats"])
+    dynamo.counters["stats"].clear()
+    yield
+    dynamo.counters["stats"].update(saved)
+
+
+@pytest.mark.usefixtures("nothing_compiled")
 def test_watched_modules_carry_hooks_only_on_steps_that_record():
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.ReLU()))
     deep = model[2][0]
@@ -416,3 +434,33 @@ def test_watched_modules_carry_hooks_only_on_steps_that_record():
     assert sorted(set(frame.step)) == [0, 3, 6]
     assert frame.query("phase == 'eval'").step.unique().tolist() == [6]
     assert set(frame.query("module == '2.0'").kind) == {"activation", "grad"}
+
+
+@pytest.mark.slow
+def test_the_torch_statistics_kernel_compiling_does_not_keep_idle_hooks_on():
+    # Where the C kernel is missing (and on accelerators) the statistics are a torch.compile'd
+    # kernel; its graphs are layerscope's own, not a compiled model's, so hooks still come off.
+    script = textwrap.dedent(
+        """
+        import torch, layerscope
+        from torch import nn
+        from torch._dynamo.utils import counters
+        from layerscope.stats import _partials
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        hooked = []
+        with layerscope.watch(model, every=2, capture=("activation",)) as scope:
+            for _ in range(4):
+                model(torch.randn(2, 4)).sum()
+                hooked.append(len(model[0]._forward_hooks))
+                scope.step()
+        assert _partials.kernel_name("cpu") == "compiled", _partials.kernel_name("cpu")
+        assert counters["stats"]["unique_graphs"] > 0
+        print(hooked)
+        """
+    )
+    env = {**os.environ, "LAYERSCOPE_NATIVE": "0", "LAYERSCOPE_COMPILE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[1,", "0,", "1,", "0]"]

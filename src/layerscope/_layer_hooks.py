@@ -32,6 +32,7 @@ from layerscope._recorder import Recorder, Target
 from layerscope._steps import StepClock
 from layerscope._tree import named_tensors
 from layerscope.sinks._base import Records
+from layerscope.stats._partials import own_graph_count
 
 TRAIN = "train"
 EVAL = "eval"
@@ -153,11 +154,16 @@ class LayerHooks:
             self._target_handles.add(module.register_forward_hook(exit_))
 
     def _compiled_anywhere(self) -> bool:
-        """Whether dynamo has compiled code in this process: hooks then stay for good."""
+        """Whether dynamo has compiled the user's code in this process: hooks then stay for good.
+
+        Hooks put on or taken off a compiled model make dynamo recompile, so once anything is
+        compiled they stay. The statistics kernel's own graphs (torch's kernel where the C one
+        is missing, and on accelerators) do not count.
+        """
         dynamo = sys.modules.get("torch._dynamo.utils")
         if dynamo is None:
             return False
-        if dynamo.counters["stats"]["unique_graphs"]:
+        if dynamo.counters["stats"]["unique_graphs"] > own_graph_count():
             self._static = True
         return self._static
 
