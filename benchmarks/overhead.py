@@ -7,9 +7,27 @@ the mean of two unwatched copies' (a shared machine's speed drifts between round
 one); the figure is the median of these ratios over rounds. The second unwatched copy against
 the first is the noise floor. Peers that are not installed are skipped.
 
-    python benchmarks/overhead.py                       # all workloads, prints the table
+    python benchmarks/overhead.py                       # cnn, gpt and mlp, prints the table
     python benchmarks/overhead.py --workloads cnn       # one workload
+    python benchmarks/overhead.py --workloads scale     # 250 small blocks: cost per module
     python benchmarks/overhead.py --write               # also updates BENCHMARKS.md
+
+``scale`` (250 residual blocks of Linear(64, 64), LayerNorm and GELU, batch 4: 1,251 modules,
+750 of them watched) is where the cost per hooked module dominates the step; it trains on one
+thread whatever ``--threads`` says (see workloads.py). It is not among the defaults: the peers'
+histograms of its 1,000 parameters and their gradients take seconds a step, and on a 2-core
+machine a round takes about 55 s: ``--rounds 7`` took 6.3 minutes, ``--rounds 11`` alone takes
+about 10.
+``--write`` replaces the whole "Step-time overhead" section: run it without ``--write``, or
+with the other workloads named too. Its cost per module alone, in seconds a round:
+
+    python benchmarks/overhead.py --workloads scale --configs "hooks idle" --rounds 11
+
+The row "hooks idle, cost per watched module (us)" is (hooks idle - unwatched) / the number
+of modules layerscope watches (its default selection), in microseconds: an unrecorded step's
+cost spread over its modules. On models of few modules it also carries the per-step costs
+(the entry hook, the optimizer's hooks, the probe's) and the noise floor, divided by few:
+read it on ``scale``.
 
 Rows "every 10 steps" and "defaults" are derived from the measured rows: a recorded fraction f
 of steps costs (1 - f) * between + f * full, where "between" is the unrecorded step: hooks idle
@@ -22,8 +40,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import math
-import platform
 import random
 import statistics
 import sys
@@ -37,6 +55,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import layerscope
+import report
 from layerscope._schedule import DEFAULT_SCHEDULE
 from peers import PEERS, quiet
 from report import replace_section
@@ -48,12 +67,14 @@ class Session:
     after_step: Callable[[torch.Tensor], None]
     settle: Callable[[], None]
     close: Callable[[], None]
+    watched: int = 0  # modules that layerscope hooks; 0 for a peer
 
 
 def _layerscope(**options: Any) -> Callable[[torch.nn.Module, Any], Session]:
     def start(model: torch.nn.Module, optimizer: Any) -> Session:
         scope = layerscope.watch(model, optimizer=optimizer, **options)
-        return Session(after_step=lambda loss: None, settle=scope.flush, close=scope.close)
+        watched = sum(info.watched for info in scope.modules)
+        return Session(lambda loss: None, scope.flush, scope.close, watched)
 
     return start
 
@@ -110,6 +131,9 @@ class Trainer:
     def steps(self, count: int) -> float:
         """Mean seconds per step over ``count`` steps."""
         batches = [self.workload.make_batch(self.generator) for _ in range(count)]
+        # The garbage of making this copy and of the last block is collected now, not in a
+        # timed step: on a model of 1,000 modules a full collection takes tens of ms.
+        gc.collect()
         start = time.perf_counter()
         with quiet():
             for x, y in batches:
@@ -134,13 +158,17 @@ class Trainer:
 BLOCK_SECONDS = 0.4
 
 
-def measure(workload: Workload, rounds: int, steps: int) -> tuple[dict[str, float], list[str]]:
+def measure(workload: Workload, rounds: int, steps: int) -> tuple[dict[str, float], list[str], int]:
+    """Step times by configuration, the peers skipped, and how many modules layerscope hooks."""
     torch.manual_seed(0)
     model = workload.make_model()
-    starts, skipped = {}, []
+    starts, skipped, watched = {}, [], 0
     for name, start in CONFIGS.items():
         try:
-            Trainer(workload, copy.deepcopy(model), start).close()
+            trainer = Trainer(workload, copy.deepcopy(model), start)
+            if name == IDLE and trainer.session is not None:
+                watched = trainer.session.watched
+            trainer.close()
             starts[name] = start
         except ImportError as error:
             skipped.append(f"{name}: not installed ({error.name})")
@@ -177,7 +205,25 @@ def measure(workload: Workload, rounds: int, steps: int) -> tuple[dict[str, floa
     results[SECOND_COPY] = base * statistics.median(
         b / a for a, b in zip(first, second, strict=True)
     )
-    return results, skipped
+    return results, skipped, watched
+
+
+def _per_module(results: dict[str, dict[str, float]], watched: dict[str, int]) -> list[str]:
+    """(hooks idle - unwatched) / watched modules, in microseconds, with the module count."""
+    cells = []
+    for name, times in results.items():
+        cost = (times[IDLE] - times["unwatched"]) / watched[name] * 1e6
+        cells.append(f"{cost:.2f} ({watched[name]:,} modules)")
+    return cells
+
+
+def cpu_wait() -> float:
+    """Seconds that some task has waited for a CPU since boot (Linux PSI), or NaN."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return math.nan
+    return int(line.rsplit("total=", 1)[1]) / 1e6
 
 
 def _first_100() -> float:
@@ -185,7 +231,17 @@ def _first_100() -> float:
     return sum(DEFAULT_SCHEDULE.records(step) for step in range(100)) / 100
 
 
-def table(results: dict[str, dict[str, float]]) -> str:
+PER_MODULE = "hooks idle, cost per watched module (us)"
+DESCRIPTIONS = {
+    "cnn": "CNN = 5 stride-2 convs, batch 256, 1x28x28",
+    "gpt": "GPT = 4 blocks, d=256, 4 heads, sequence 128, batch 8, tied embedding",
+    "mlp": "MLP = 6 x Linear(1024), batch 128",
+    "scale": "scale = 250 residual blocks of Linear(64, 64), LayerNorm and GELU, batch 4, on "
+    "1 thread",
+}
+
+
+def table(results: dict[str, dict[str, float]], watched: dict[str, int]) -> str:
     names = list(results)
     lines = [
         "| configuration | " + " | ".join(names) + " |",
@@ -203,6 +259,8 @@ def table(results: dict[str, dict[str, float]]) -> str:
                 "skipped" if value is None else f"{value / results[name]['unwatched']:.2f}x"
             )
         lines.append(f"| {config} | " + " | ".join(cells) + " |")
+        if config == IDLE:
+            lines.append(f"| {PER_MODULE} | " + " | ".join(_per_module(results, watched)) + " |")
     sparse = 1 / DEFAULT_SCHEDULE.every
     for label, between, fraction in (
         ("layerscope: full, every 10 steps (derived)", IDLE, 1 / 10),
@@ -228,7 +286,13 @@ def table(results: dict[str, dict[str, float]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    parser.add_argument(
+        "--workloads",
+        nargs="*",
+        default=["cnn", "gpt", "mlp"],
+        choices=list(WORKLOADS),
+        help="cnn, gpt and mlp by default; scale (250 small blocks) only when named",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
@@ -237,29 +301,33 @@ def main() -> None:
     )
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     if args.configs:
         for name in list(CONFIGS):
             keep = name in ("unwatched", SECOND_COPY) or any(p in name for p in args.configs)
             if not keep:
                 del CONFIGS[name]
 
-    results, skipped = {}, set()
+    results, skipped, watched = {}, set(), {}
     for name in args.workloads:
-        results[name], missing = measure(WORKLOADS[name], args.rounds, args.steps)
+        torch.set_num_threads(WORKLOADS[name].threads or args.threads)
+        began, waited = time.perf_counter(), cpu_wait()
+        results[name], missing, watched[name] = measure(WORKLOADS[name], args.rounds, args.steps)
         skipped.update(missing)
-        print(f"{name}: done", file=sys.stderr)
-    text = table(results)
+        took = time.perf_counter() - began
+        # Above a few percent, other processes took cores (layerscope's writer thread and the
+        # peers' own threads add some): compare with another run before trusting the ratios.
+        print(
+            f"{name}: done in {took:.0f} s; some task waited for a CPU "
+            f"{(cpu_wait() - waited) / took:.0%} of that time",
+            file=sys.stderr,
+        )
+    text = table(results, watched)
     if skipped:
         text += "\n\nSkipped: " + "; ".join(sorted(skipped)) + "."
     print(text)
     if args.write:
-        command = f"python benchmarks/overhead.py {' '.join(sys.argv[1:])}".strip()
-        machine = (
-            f"{platform.machine()}, {torch.get_num_threads()} threads, Python "
-            f"{platform.python_version()}, torch {torch.__version__}, layerscope "
-            f"{layerscope.__version__}"
-        )
+        command = report.command("overhead.py")
+        machine = report.machine(args.threads)
         replace_section(
             "Step-time overhead (CPU)",
             f"Machine: {machine}. Command: `{command}`.\n"
@@ -267,12 +335,11 @@ def main() -> None:
             f"least {args.steps} steps and {BLOCK_SECONDS} s of unwatched training per block; "
             "background work of a configuration (layerscope's writer, TensorBoard's event "
             "writer, wandb's process) finishes inside its block. Every block trains a fresh "
-            "copy of the model, after one warm-up step. "
+            "copy of the model, after one warm-up step and a garbage collection. "
             "Each figure is the median over rounds of a ratio within one round, to the mean of "
             "two unwatched copies of the model (the machine's speed drifts between rounds). "
-            "Workloads: CNN = 5 stride-2 convs, "
-            "batch 256, 1x28x28; GPT = 4 blocks, d=256, 4 heads, sequence 128, batch 8, tied "
-            "embedding; MLP = 6 x Linear(1024), batch 128. AdamW. layerscope's full configuration"
+            f"Workloads: {'; '.join(DESCRIPTIONS[name] for name in args.workloads)}. AdamW. "
+            "layerscope's full configuration"
             " records activation, grad, weight and weight_grad with every statistic and the log2 "
             "histogram. Peers: wandb offline; TensorBoard `add_histogram` of every parameter and "
             "gradient; torchember's own hooks plus `log_model()`; torchfunc ForwardOutput and "

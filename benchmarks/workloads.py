@@ -1,4 +1,5 @@
-"""The models the overhead benchmark trains: a miniai-style CNN, a mini GPT and an MLP."""
+"""The models the overhead benchmark trains: a miniai-style CNN, a mini GPT, an MLP, and a
+model of many small modules (``scale``), where the cost per hooked module dominates the step."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ class Workload:
     make_model: Callable[[], nn.Module]
     make_batch: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    # torch's threads for this workload, where not the benchmark's --threads.
+    threads: int | None = None
 
 
 def _cnn() -> nn.Module:
@@ -71,6 +74,26 @@ def _mlp() -> nn.Module:
     return nn.Sequential(*layers[:-1])
 
 
+class Residual(nn.Module):
+    """``x + GELU(LayerNorm(Linear(x)))``: three watched leaves in a Sequential of its own."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(dim, dim), nn.LayerNorm(dim), nn.GELU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
+SCALE_BLOCKS, SCALE_DIM, SCALE_BATCH = 250, 64, 4
+
+
+def _scale() -> nn.Module:
+    # 1,251 modules: the root, its 250 blocks, their 250 Sequentials and 750 leaves, of which
+    # layerscope watches the 750 leaves (blocks and Sequentials own no parameters).
+    return nn.Sequential(*(Residual(SCALE_DIM) for _ in range(SCALE_BLOCKS)))
+
+
 def _images(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(256, 1, 28, 28, generator=generator), torch.randint(
         0, 10, (256,), generator=generator
@@ -86,6 +109,11 @@ def _vectors(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(128, 1024, generator=generator), torch.randn(128, 1024, generator=generator)
 
 
+def _small_vectors(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (SCALE_BATCH, SCALE_DIM)
+    return torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+
+
 def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
@@ -94,4 +122,8 @@ WORKLOADS = {
     "cnn": Workload("cnn", _cnn, _images, nn.functional.cross_entropy),
     "gpt": Workload("gpt", MiniGPT, _tokens, _token_loss),
     "mlp": Workload("mlp", _mlp, _vectors, nn.functional.mse_loss),
+    # One thread: its ops are too small to split, but LayerNorm splits its 4 rows over two,
+    # 500 parallel regions a step; with another process on a 2-core machine each waits for a
+    # descheduled thread, and the step took 4x as long, 100x in single steps.
+    "scale": Workload("scale", _scale, _small_vectors, nn.functional.mse_loss, threads=1),
 }

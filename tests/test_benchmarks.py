@@ -11,7 +11,7 @@ BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 
 def test_every_benchmark_script_imports():
     names = sorted(path.stem for path in BENCHMARKS.glob("*.py"))
-    assert {"overhead", "memory", "store", "kernel"} <= set(names)
+    assert {"overhead", "memory", "store", "kernel", "compile"} <= set(names)
     code = f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r})\n" + "".join(
         f"import {name}\n" for name in names
     )
