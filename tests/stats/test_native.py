@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +30,6 @@ from stats_reference import (
 )
 
 from layerscope.stats import (
-    WIDTH,
     Field,
     LinearHistogram,
     Log2Histogram,
@@ -37,6 +38,7 @@ from layerscope.stats import (
     finalize,
     tensor_partials,
 )
+from layerscope.stats._layout import WIDTH, c_names
 from layerscope.stats._partials import write_partials
 
 pytestmark = pytest.mark.skipif(
@@ -78,6 +80,26 @@ def test_sizes_here_match_the_c_source():
     ):
         assert line in SOURCE
     assert _native.MAX_LINEAR_BINS == 1 << 30
+
+
+def test_the_c_row_holds_layouts_fields_name_by_name():
+    lib = _native.library()
+    assert lib.layerscope_fields().decode() == c_names()
+    assert c_names().split()[Field.NAN] == "NANS"  # math.h takes NAN
+    assert len(c_names().split()) == WIDTH
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here")
+def test_a_library_whose_fields_are_in_another_order_is_refused(tmp_path):
+    # The row's width alone would not see two fields swapped: the loader compares every name.
+    source = tmp_path / "_native.c"  # it includes itself, once per instruction set
+    swapped = SOURCE.replace("X(NEG) X(POS)", "X(POS) X(NEG)")
+    assert swapped != SOURCE
+    source.write_text(swapped)
+    library = tmp_path / "swapped.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O0", "-o", library, source, "-lm"], check=True)
+    with pytest.raises(RuntimeError, match=r"its row holds .* POS NEG"):
+        _native._open(library)
 
 
 def test_the_best_copy_this_cpu_runs_is_the_default():

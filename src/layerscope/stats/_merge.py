@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from layerscope.stats._layout import WIDTH, Field
+from layerscope.stats._layout import WIDTH, Field, Merge, merged_by
 
-_ADDITIVE = (Field.NUMEL, Field.COUNT, Field.ZEROS, Field.NAN, Field.INF, Field.NEG, Field.POS)
+_ADDITIVE = merged_by(Merge.SUM)
+_EXTREMES = {"amin": merged_by(Merge.MIN), "amax": merged_by(Merge.MAX)}
 
 
 def merge_groups(rows: Tensor, group: Tensor, groups: int) -> Tensor:
@@ -51,12 +52,11 @@ def merge_groups(rows: Tensor, group: Tensor, groups: int) -> Tensor:
     out[:, Field.MEAN] = mean
     out[:, Field.M2] = m2
 
-    out[:, Field.MIN] = torch.full((groups,), torch.inf, dtype=torch.float64).scatter_reduce(
-        0, group, rows[:, Field.MIN], reduce="amin"
-    )
-    out[:, Field.MAX] = torch.full((groups,), -torch.inf, dtype=torch.float64).scatter_reduce(
-        0, group, rows[:, Field.MAX], reduce="amax"
-    )
+    for reduce, fields in _EXTREMES.items():
+        for field in fields:
+            out[:, field] = torch.full((groups,), field.empty, dtype=torch.float64).scatter_reduce(
+                0, group, rows[:, field], reduce=reduce
+            )
     return out
 
 

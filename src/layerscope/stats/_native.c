@@ -51,8 +51,13 @@
 #define LAYERSCOPE_SOURCE_ID ""
 #endif
 
-/* The layout of a row: must match layerscope.stats.Field. */
-enum { NUMEL, COUNT, MEAN, M2, MIN, MAX, ZEROS, NANS, INFS, NEG, POS, WIDTH };
+/* The layout of a row, in order: stats/_layout.py's Field, which _native.py compares with
+ * layerscope_fields() name by name at load. NAN and INF are math.h's: here NANS and INFS. */
+#define LAYERSCOPE_FIELDS(X) \
+    X(NUMEL) X(COUNT) X(MEAN) X(M2) X(MIN) X(MAX) X(ZEROS) X(NANS) X(INFS) X(NEG) X(POS)
+#define FIELD_ENUM(name) name,
+#define FIELD_WORD(name) " " #name
+enum { LAYERSCOPE_FIELDS(FIELD_ENUM) WIDTH };
 /* How values are stored: must match _native.DTYPES. DTYPE_BYTE reads one byte a value, decoded
  * to float32 bits by a table of 256 (the 8-bit floats). */
 enum { DTYPE_FLOAT32 = 0, DTYPE_BFLOAT16 = 1, DTYPE_FLOAT16 = 2, DTYPE_BYTE = 3 };
@@ -232,6 +237,7 @@ EXPORT int layerscope_select(int level) {
 
 EXPORT const char* layerscope_isa(void) { return kernel->name; }
 EXPORT int layerscope_abi(void) { return ABI; }
+EXPORT const char* layerscope_fields(void) { return LAYERSCOPE_FIELDS(FIELD_WORD) + 1; }
 EXPORT const char* layerscope_source_id(void) { return LAYERSCOPE_SOURCE_ID; }
 
 /* Torch's OpenMP runtime, as _native.py finds it; NULL: one thread. */

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from layerscope.stats._histogram import HistogramSpec, LinearHistogram
-from layerscope.stats._layout import WIDTH
+from layerscope.stats._layout import WIDTH, c_names
 
 LIBRARY = Path(__file__).with_name("libnative.so")  # where setup.py builds it
 SOURCE = Path(__file__).with_name("_native.c")
@@ -236,6 +236,10 @@ def _open(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     if lib.layerscope_abi() != _ABI:
         raise RuntimeError(f"ABI {lib.layerscope_abi()}, expected {_ABI}")
+    lib.layerscope_fields.restype = ctypes.c_char_p
+    fields = lib.layerscope_fields().decode()
+    if fields != c_names():
+        raise RuntimeError(f"its row holds {fields}, layerscope's {c_names()}")
     lib.layerscope_source_id.restype = ctypes.c_char_p
     built_from = lib.layerscope_source_id().decode()
     if built_from and SOURCE.exists() and built_from != _source_id(SOURCE.read_bytes()):

@@ -18,9 +18,10 @@ from torch import Tensor
 from layerscope._errors import LayerscopeWarning
 from layerscope.stats import _native
 from layerscope.stats._histogram import HistogramSpec, LinearHistogram, Log2Histogram
-from layerscope.stats._layout import WIDTH, Field
+from layerscope.stats._layout import EMPTY_ROW, WIDTH, Field
 
 _INF = float("inf")
+_FIELDS = tuple(Field)  # row order, as a constant torch.compile folds
 # Smallest exponent (as torch.frexp gives it) whose inverse power of two is finite.
 _MIN_EXPONENT = {torch.float32: -126, torch.float64: -1022}
 
@@ -219,20 +220,26 @@ def _float32_partials(x: Tensor) -> Tensor:
     zeros = numel - torch.count_nonzero(x)
     pos = torch.count_nonzero(x > 0)
     count_f = count.double().clamp(min=1.0)
-    fields = [
-        torch.ones((), dtype=torch.float64, device=x.device) * numel,
-        count,
-        shift + total / count_f,
-        (squares - total * total / count_f).clamp(min=0.0),
-        lo,
-        hi,
-        zeros,
-        nan,
-        numel - count - nan,
-        numel - zeros - nan - pos,  # NaN is neither; -inf is negative
-        pos,
-    ]
-    return torch.stack([f.to(torch.float64) for f in fields])
+    return _row(
+        {
+            Field.NUMEL: torch.ones((), dtype=torch.float64, device=x.device) * numel,
+            Field.COUNT: count,
+            Field.MEAN: shift + total / count_f,
+            Field.M2: (squares - total * total / count_f).clamp(min=0.0),
+            Field.MIN: lo,
+            Field.MAX: hi,
+            Field.ZEROS: zeros,
+            Field.NAN: nan,
+            Field.INF: numel - count - nan,
+            Field.NEG: numel - zeros - nan - pos,  # NaN is neither; -inf is negative
+            Field.POS: pos,
+        }
+    )
+
+
+def _row(fields: dict[Field, Tensor]) -> Tensor:
+    """A float64 row of every field's value, in row order (a field left out raises)."""
+    return torch.stack([fields[field].to(torch.float64) for field in _FIELDS])
 
 
 def _float32_partials_and_bins(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -273,23 +280,28 @@ def _float_partials(x: Tensor) -> Tensor:
     zeros = numel - torch.count_nonzero(x)
     pos = torch.count_nonzero(x > 0)
     neg = numel - zeros - nan - pos  # NaN is neither; -inf is negative
-    fields = [
-        torch.ones((), dtype=torch.float64, device=x.device) * numel,
-        count,
-        # Corrected mean, summed in float64: float32's ulp at 1e4 is 1e-3.
-        (mean_scaled.double() + dev_sum.double() / count_f.clamp(min=1.0).double())
-        * scale_a
-        * scale_b,
-        m2_scaled.clamp(min=0.0).to(torch.float64) * scale_a * scale_a * scale_b * scale_b,
-        lo,
-        hi,
-        zeros,
-        nan,
-        numel - count - nan,
-        neg,
-        pos,
-    ]
-    return torch.stack([f.to(torch.float64) for f in fields])
+    return _row(
+        {
+            Field.NUMEL: torch.ones((), dtype=torch.float64, device=x.device) * numel,
+            Field.COUNT: count,
+            # Corrected mean, summed in float64: float32's ulp at 1e4 is 1e-3.
+            Field.MEAN: (mean_scaled.double() + dev_sum.double() / count_f.clamp(min=1.0).double())
+            * scale_a
+            * scale_b,
+            Field.M2: m2_scaled.clamp(min=0.0).to(torch.float64)
+            * scale_a
+            * scale_a
+            * scale_b
+            * scale_b,
+            Field.MIN: lo,
+            Field.MAX: hi,
+            Field.ZEROS: zeros,
+            Field.NAN: nan,
+            Field.INF: numel - count - nan,
+            Field.NEG: neg,
+            Field.POS: pos,
+        }
+    )
 
 
 # torch.compile fuses the passes of _float32_partials (and the log2 bins) into one loop: on a
@@ -375,10 +387,7 @@ def _count_partials(x: Tensor) -> Tensor:
 
 
 def _empty_partials(device: torch.device) -> Tensor:
-    row = torch.zeros(WIDTH, dtype=torch.float64, device=device)
-    row[Field.MIN] = _INF
-    row[Field.MAX] = -_INF
-    return row
+    return torch.tensor(EMPTY_ROW, dtype=torch.float64, device=device)
 
 
 def _empty_histogram(histogram: HistogramSpec | None, device: torch.device) -> Tensor | None:
