@@ -21,14 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from layerscope.stats import (
-    WIDTH,
-    HistogramSpec,
-    LinearHistogram,
-    Log2Histogram,
-    _native,
-    _partials,
-)
+from layerscope.stats import HistogramSpec, LinearHistogram, Log2Histogram, _native, _partials
+from layerscope.stats._layout import WIDTH
 from report import replace_section
 
 SIZE, COUNT, PASSES = 400_000, 8, 15

@@ -34,7 +34,9 @@ from layerscope._kinds import Kind
 from layerscope._merging import finalize_merged, merge_batches
 from layerscope._readings import Readings
 from layerscope.sinks import Records, RunInfo, RunSummary, StatsRows
-from layerscope.stats import WIDTH, StatSelection, finalize
+from layerscope.stats import finalize
+from layerscope.stats._layout import WIDTH
+from layerscope.stats._selection import StatSelection
 from layerscope.store import ParquetStore
 from report import replace_section
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from layerscope.stats import WIDTH
+from layerscope.stats._layout import WIDTH
 from layerscope.stats._partials import write_extremes
 
 

@@ -11,14 +11,9 @@ from torch import nn
 from layerscope._kinds import Kind, parse_capture
 from layerscope._schedule import Schedule, parse_every
 from layerscope._select import Selection, check_types, compile_patterns
-from layerscope.stats import (
-    HistogramSpec,
-    LinearHistogram,
-    StatSelection,
-    log2_bin_edges,
-    parse_histogram,
-    parse_stats,
-)
+from layerscope.stats import HistogramSpec, LinearHistogram, log2_bin_edges
+from layerscope.stats._histogram import parse_histogram
+from layerscope.stats._selection import StatSelection, parse_stats
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -8,7 +8,7 @@ from layerscope._identities import KEY_COLUMNS, META_COLUMNS
 from layerscope._imports import require
 from layerscope.sinks._memory import MemorySink
 from layerscope.sinks._rows import join_columns
-from layerscope.stats import StatSelection
+from layerscope.stats._selection import StatSelection
 
 if TYPE_CHECKING:
     import pandas

@@ -31,7 +31,9 @@ from layerscope._readings import (
     group_readings,
 )
 from layerscope.sinks._rows import StatsRows
-from layerscope.stats import WIDTH, StatSelection, finalize, merge_groups
+from layerscope.stats import finalize, merge_groups
+from layerscope.stats._layout import WIDTH
+from layerscope.stats._selection import StatSelection
 
 # A custom statistic of a group being merged: numel-weighted sum, total weight, and whether the
 # function returned a 0-d tensor. A None sum marks values whose lengths disagreed.

@@ -28,7 +28,7 @@ from layerscope._merging import Merged, finalize_merged, merge_batches, split_me
 from layerscope._ranks import ProcessRank
 from layerscope._sentinel_rows import SentinelCarry, sentinel_rows
 from layerscope.sinks._base import FanOut, Records, RunSummary
-from layerscope.stats import StatSelection
+from layerscope.stats._selection import StatSelection
 
 # Batches, and readings in them, that wait for the writer at most: a bound on the host memory
 # they hold (a reading's row of partials and log2 histogram is 2 KB).

@@ -16,7 +16,7 @@ from layerscope._batches import Batch, Extreme
 from layerscope._buffer import Arrived
 from layerscope._identities import Identities
 from layerscope.sinks._rows import StatsRows
-from layerscope.stats import StatSelection
+from layerscope.stats._selection import StatSelection
 
 
 @dataclass(slots=True)

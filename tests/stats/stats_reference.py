@@ -13,7 +13,8 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from layerscope.stats import LOG2_BINS, WIDTH, Field
+from layerscope.stats import LOG2_BINS, Field
+from layerscope.stats._layout import WIDTH
 
 # Partials that merging and every kernel must reproduce exactly: counts and extremes.
 EXACT_FIELDS = (

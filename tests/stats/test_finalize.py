@@ -20,7 +20,8 @@ from stats_reference import (
     values_of,
 )
 
-from layerscope.stats import BUILTIN_STATS, WIDTH, Field, finalize
+from layerscope.stats import BUILTIN_STATS, Field, finalize
+from layerscope.stats._layout import WIDTH
 
 NAN = math.nan
 _KEYS = {"numel", *BUILTIN_STATS} - {"hist"}

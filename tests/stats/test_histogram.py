@@ -23,9 +23,9 @@ from layerscope.stats import (
     LinearHistogram,
     Log2Histogram,
     log2_bin_edges,
-    parse_histogram,
     tensor_partials,
 )
+from layerscope.stats._histogram import parse_histogram
 
 
 def log2_hist(x: torch.Tensor) -> np.ndarray:

@@ -24,7 +24,8 @@ from stats_reference import (
     values_of,
 )
 
-from layerscope.stats import WIDTH, Field, finalize, merge, merge_groups, tensor_partials
+from layerscope.stats import Field, finalize, merge, merge_groups, tensor_partials
+from layerscope.stats._layout import WIDTH
 
 
 @st.composite

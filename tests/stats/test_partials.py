@@ -23,14 +23,8 @@ from stats_reference import (
     values_of,
 )
 
-from layerscope.stats import (
-    WIDTH,
-    Field,
-    LinearHistogram,
-    Log2Histogram,
-    finalize,
-    tensor_partials,
-)
+from layerscope.stats import Field, LinearHistogram, Log2Histogram, finalize, tensor_partials
+from layerscope.stats._layout import WIDTH
 
 _SPECS = (None, Log2Histogram(), LinearHistogram(-1.0, 1.0, 4))
 

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor, nn
 
 import layerscope
-from layerscope.stats import BUILTIN_STATS, StatSelection, parse_stats
+from layerscope.stats import BUILTIN_STATS
+from layerscope.stats._selection import StatSelection, parse_stats
 
 
 def rms(t: object) -> float:

@@ -26,28 +26,25 @@ from layerscope.stats._histogram import (
     LinearHistogram,
     Log2Histogram,
     log2_bin_edges,
-    parse_histogram,
 )
-from layerscope.stats._layout import WIDTH, Field
+from layerscope.stats._layout import Field
 from layerscope.stats._merge import merge, merge_groups
 from layerscope.stats._partials import tensor_partials
-from layerscope.stats._selection import CustomStat, StatSelection, parse_stats
+from layerscope.stats._selection import CustomStat
 
+# What a user computing statistics by hand, or writing a sink or a custom statistic, needs;
+# the parsers of watch()'s arguments and the row's width stay in their modules.
 __all__ = [
     "BUILTIN_STATS",
     "LOG2_BINS",
-    "WIDTH",
     "CustomStat",
     "Field",
     "HistogramSpec",
     "LinearHistogram",
     "Log2Histogram",
-    "StatSelection",
     "finalize",
     "log2_bin_edges",
     "merge",
     "merge_groups",
-    "parse_histogram",
-    "parse_stats",
     "tensor_partials",
 ]
