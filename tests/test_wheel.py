@@ -71,8 +71,13 @@ with warnings.catch_warnings(record=True) as caught:
                 mismatches.append((str(dtype), threads, "mean", got_mean, mean))
             if not math.isclose(got_m2, m2, rel_tol=1e-9):
                 mismatches.append((str(dtype), threads, "M2", got_m2, m2))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    with layerscope.watch(model, every=1, run="run") as scope:
+        model(torch.randn(4, 8)).sum().backward()
+        scope.step()
 library = _native.library()
 print(json.dumps({
+    "run_kernel": json.load(open("run/run.json"))["kernel"],
     "layerscope": layerscope.__file__,
     "library": None if library is None else library._name,
     "kernel": _partials.kernel_name("cpu"),
@@ -163,6 +168,7 @@ def _check(tmp_path: Path, python: Path) -> dict[str, object]:
     report: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     assert str(report["layerscope"]).startswith(str(tmp_path / "venv"))
     assert report["mismatches"] == []
+    assert report["run_kernel"] == report["kernel"]  # run.json says which kernel ran
     assert not (tmp_path / "compiler-calls").exists()  # nothing compiled at run time
     assert not (tmp_path / "cache").exists()
     return report
