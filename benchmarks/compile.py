@@ -7,9 +7,9 @@ Two models, each compiled (inductor, the default backend) and trained for 12 ste
 a tiny GPT-2 (transformers' GPT2LMHeadModel, 2 layers, d=64, 2 heads, vocabulary 256, random
 weights, nothing downloaded) and a small MLP. Watched, it is
 ``layerscope.watch(model, optimizer=opt, every=Schedule(every=5))``, attached before the first
-compiled call: steps 0, 5 and 10 are recorded, the others not. By design, on recorded steps
-layerscope's hooks run eagerly (a graph break at each watched module), and on unrecorded steps
-they are traced away so that the model runs as one graph, as unwatched: this measures what
+compiled call: steps 0, 5 and 10 are recorded, the others not. By design, a recorded step runs
+eagerly (torch.compile's stance is ``force_eager`` for that step), and on unrecorded steps the
+hooks are traced away so that the model runs as one graph, as unwatched: this measures what
 dynamo makes of that.
 
 Each configuration runs in a process of its own, with an empty inductor cache, so every
@@ -318,7 +318,9 @@ def main() -> None:
             "heads, vocabulary 256, 64 positions, random weights, batch 8 x 64 tokens. MLP: "
             "Linear(256, 512), ReLU, Linear(512, 512), ReLU, Linear(512, 10), batch 64. Watched "
             "is `layerscope.watch(model, optimizer=opt, every=Schedule(every=5))` attached "
-            "before the first compiled call: steps 0, 5 and 10 are recorded. A step is forward, "
+            "before the first compiled call: steps 0, 5 and 10 are recorded and run eagerly "
+            "(torch.compile's stance is `force_eager` while a step records), so a watched "
+            "model's first compiled call is step 1. A step is forward, "
             "backward, `optimizer.step()` and `zero_grad()`; steady unrecorded steps are steps "
             f'{", ".join(map(str, STEADY))}. Recompiles are dynamo\'s "Recompiling function" '
             "log records (`torch._logging.set_logs(recompiles=True)`), graph breaks its "

@@ -1,7 +1,9 @@
 """Wrapped and transformed models: torch.compile, checkpointing, DDP, Hugging Face, bf16."""
 
 import copy
+import logging
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -193,7 +195,7 @@ def test_a_compiled_model_keeps_one_graph_on_unrecorded_steps():
     torch._dynamo.reset()
     with layerscope.watch(model, every=1):
         recording = torch._dynamo.explain(model)(x)
-    assert recording.graph_break_count > 0  # recorded steps run the hooks eagerly
+    assert recording.graph_count == 0  # a recorded step runs eagerly, compiling nothing
     torch._dynamo.reset()
 
 
@@ -204,15 +206,102 @@ def test_a_compiled_model_records_its_recorded_steps_and_no_others():
     torch._dynamo.reset()
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    with layerscope.watch(
-        model, optimizer=optimizer, every=layerscope.Schedule(every=5), capture=("activation",)
-    ) as scope:
-        compiled = torch.compile(model)
-        for _ in range(11):
-            compiled(torch.randn(4, 8)).sum().backward()
-            optimizer.step()
-            optimizer.zero_grad()
+    recompiled = _RecompileLog()
+    torch._logging.set_logs(recompiles=True)
+    logging.getLogger("torch._dynamo").addHandler(recompiled)
+    try:
+        with layerscope.watch(
+            model, optimizer=optimizer, every=layerscope.Schedule(every=5), capture=("activation",)
+        ) as scope:
+            compiled = torch.compile(model)
+            for _ in range(11):
+                compiled(torch.randn(4, 8)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    finally:
+        logging.getLogger("torch._dynamo").removeHandler(recompiled)
+        torch._logging.set_logs()
     frame = scope.frame()
     assert sorted(set(frame.step)) == [0, 5, 10]
     assert set(frame.numel[frame.module == "1"]) == {4 * 16}  # one pass each, none twice
+    # Dynamo compiles none of layerscope's code on its own: recorded steps run the hooks
+    # eagerly through one function, and no hook's frame is recompiled per module.
+    ours = str(Path(layerscope.__file__).parent)
+    assert [where for where in recompiled.functions if ours in where] == []
     torch._dynamo.reset()
+
+
+class _RecompileLog(logging.Handler):
+    """The functions of dynamo's "Recompiling function NAME in FILE:LINE" records."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.functions: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        first = record.getMessage().strip().splitlines()[0]
+        if first.startswith("Recompiling function"):
+            self.functions.append(first)
+
+
+def _current_stance() -> str:
+    return torch._dynamo.eval_frame._stance.stance
+
+
+@pytest.mark.slow
+def test_a_compiled_model_runs_its_recorded_steps_eagerly_and_never_breaks_its_graph():
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
+    compiled = torch.compile(model, backend="eager")  # dynamo's graphs, no inductor: fast
+    stances = []
+    torch._dynamo.utils.counters.clear()
+    with layerscope.watch(compiled, every=layerscope.Schedule(every=3)) as scope:
+        for _ in range(7):
+            stances.append(_current_stance())
+            compiled(torch.randn(4, 8)).sum().backward()
+            scope.step()
+    assert stances == ["force_eager", "default", "default"] * 2 + ["force_eager"]
+    assert _current_stance() == "default"  # left as found
+    # A graph break in the Sequential's loop would make dynamo run it eagerly for good.
+    assert dict(torch._dynamo.utils.counters["graph_break"]) == {}
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    frame = scope.frame()
+    assert sorted(set(frame.step)) == [0, 3, 6]
+    assert set(frame.numel[(frame.module == "3") & (frame.kind == "activation")]) == {4 * 16}
+    torch._dynamo.reset()
+
+
+def test_a_stance_the_user_set_is_left_alone():
+    model = nn.Sequential(nn.Linear(4, 4))
+    torch.compiler.set_stance("eager_on_recompile")
+    try:
+        with layerscope.watch(model, every=1) as scope:
+            model(torch.randn(2, 4)).sum().backward()
+            assert _current_stance() == "eager_on_recompile"
+            scope.step()
+        assert _current_stance() == "eager_on_recompile"
+    finally:
+        torch.compiler.set_stance("default")
+
+
+def test_compiled_functions_run_compiled_where_layerscope_allows_them_on_a_recorded_step():
+    from layerscope import _stance as stance
+
+    add_one = torch.compile(lambda x: x + 1, backend="eager")
+    x = torch.randn(3)
+    add_one(x)
+    counters = torch._dynamo.utils.counters
+    holder = object()
+    stance.follow(holder, True)
+    try:
+        assert _current_stance() == "force_eager"
+        counters.clear()
+        add_one(x + 0.5)  # another guard: compiling it would count a frame
+        assert counters["frames"]["total"] == 0  # forced eager
+        with stance.compiled_allowed():
+            add_one(torch.randn(5))
+        assert counters["frames"]["total"] > 0  # compiled
+        assert _current_stance() == "force_eager"
+    finally:
+        stance.release(holder)
+    assert _current_stance() == "default"

@@ -18,11 +18,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
+from types import CodeType
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from layerscope import _stance as stance
 from layerscope._cost import CostMeter
 from layerscope._hooks import HookHandles, in_backward
 from layerscope._kinds import Kind
@@ -36,6 +38,55 @@ from layerscope.stats._partials import own_graph_count
 
 TRAIN = "train"
 EVAL = "eval"
+
+# One function that dynamo runs eagerly, for every hook on a recorded step of compiled code:
+# one function, not one per hook, so that dynamo compiles what follows its call once. Made
+# once dynamo is loaded (making it loads dynamo: 2 s and 70 MB an uncompiled model should not
+# pay), at the latest at the first compiled call, where making it is itself a graph break.
+_EAGER: list[Callable[..., None]] = []
+# The gates' code. Dynamo traces a gate inline where a compiled model calls it, but it would
+# also compile each gate as a frame of its own, called from the eager parts of a recorded step,
+# and recompile it for every module's closure until it gave up: told to skip those frames.
+_GATE_CODES: set[CodeType] = set()
+
+
+def _call(hook: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    hook(*args, **kwargs)
+
+
+def _eager_call() -> Callable[..., None]:
+    """``_call``, which dynamo never traces: a hook called through it runs eagerly."""
+    if not _EAGER:
+        _EAGER.append(torch.compiler.disable(_call))  # type: ignore[no-untyped-call]  # untyped in torch
+        for code in _GATE_CODES:
+            _skip_frames_of(code)
+    return _EAGER[0]
+
+
+def _gate_made(gate: Callable[..., None]) -> Callable[..., None]:
+    code = gate.__code__
+    if code not in _GATE_CODES:
+        _GATE_CODES.add(code)
+        if _EAGER:
+            _skip_frames_of(code)
+    return gate
+
+
+def _skip_frames_of(code: CodeType) -> None:
+    """Dynamo compiles no frame of ``code`` or of what it calls, and still traces it inline.
+
+    A gate's frame of its own runs where compiled code calls it eagerly: its hook then runs
+    eagerly too, as torch.compiler.disable would run it.
+    """
+    try:
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+    except ImportError:  # private to torch: without it, only more recompiles
+        return
+    set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
 
 
 class LayerHooks:
@@ -124,6 +175,12 @@ class LayerHooks:
 
     def sync(self) -> None:
         """Put the watched modules' hooks on, or take them off, as the clock's gates say."""
+        if not _EAGER and "torch._dynamo" in sys.modules:  # before dynamo traces a hook
+            _eager_call()
+        try:
+            stance.follow(self, self._clock.step_records)
+        except Exception as error:  # compiled steps then record through graph breaks
+            self._fail("setting torch.compile's stance", error)
         self._clock.gates_follow_passes = not self._static
         wanted = self._static or self._clock.recording or self._clock.watching
         if wanted and not len(self._target_handles):
@@ -134,6 +191,7 @@ class LayerHooks:
 
     def remove(self) -> None:
         """Take every hook off; safe to call twice."""
+        stance.release(self)
         self._handles.remove()
         self._target_handles.remove()
         self._call_order_handles.remove()
@@ -175,9 +233,6 @@ class LayerHooks:
         recorded steps the hook runs eagerly as a graph break, and the statistics are exactly
         those of an eager run. The bools change only between passes, never within one.
         """
-        # The disabling wrapper is made at the first compiled call: making it imports dynamo,
-        # a second and 70 MB that a model never compiled should not pay.
-        eager: list[Callable[..., None]] = []
         clock = self._clock
 
         def gate(*args: Any, **kwargs: Any) -> None:
@@ -185,14 +240,12 @@ class LayerHooks:
             # The sentinel stays out of compiled code: it would break the graph every step.
             # Under compile `not compiling` comes first: no guard on watching, no recompile.
             if clock.recording or (not compiling and clock.watching):
-                if not compiling:  # the disabling wrapper would only cost time here
+                if not compiling:  # the eager trampoline would only cost time here
                     hook(*args, **kwargs)
                     return
-                if not eager:
-                    eager.append(torch.compiler.disable(hook))  # type: ignore[no-untyped-call]  # untyped in torch
-                eager[0](*args, **kwargs)
+                _eager_call()(hook, *args, **kwargs)
 
-        return gate
+        return _gate_made(gate)
 
     def _entry_gated(self, hook: Callable[..., None]) -> Callable[..., None]:
         """An entry hook: always run eagerly, and in compiled code only on recorded steps.
@@ -200,18 +253,15 @@ class LayerHooks:
         Entries end skipped steps and begin passes, which unrecorded steps need too; their
         cost is one call where the model is entered, not one per module.
         """
-        eager: list[Callable[..., None]] = []
         clock = self._clock
 
         def gate(*args: Any, **kwargs: Any) -> None:
             if not torch.compiler.is_compiling():
                 hook(*args, **kwargs)
             elif clock.recording:
-                if not eager:
-                    eager.append(torch.compiler.disable(hook))  # type: ignore[no-untyped-call]  # untyped in torch
-                eager[0](*args, **kwargs)
+                _eager_call()(hook, *args, **kwargs)
 
-        return gate
+        return _gate_made(gate)
 
     # ---------------------------------------------------------------- passes
 

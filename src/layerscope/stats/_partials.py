@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from layerscope._errors import LayerscopeWarning
+from layerscope._stance import compiled_allowed
 from layerscope.stats import _native
 from layerscope.stats._histogram import HistogramSpec, LinearHistogram, Log2Histogram
 from layerscope.stats._layout import EMPTY_ROW, WIDTH, Field
@@ -329,7 +330,8 @@ def _run_compiled(compiled: Callable[[Tensor], Any], x: Tensor) -> Any:
     stats = sys.modules["torch._dynamo.utils"].counters["stats"]
     before = stats["unique_graphs"]
     try:
-        return compiled(x)
+        with compiled_allowed():  # also on a recorded step that runs the model eagerly
+            return compiled(x)
     finally:
         _own_graphs += stats["unique_graphs"] - before
 
