@@ -21,7 +21,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from layerscope.stats import HistogramSpec, LinearHistogram, Log2Histogram, _native, _partials
+from layerscope.stats import (
+    HistogramSpec,
+    LinearHistogram,
+    Log2Histogram,
+    _native,
+    _partials,
+    _torch_kernels,
+)
 from layerscope.stats._layout import WIDTH
 from report import replace_section
 
@@ -55,9 +62,9 @@ def torch_kernel(histogram: HistogramSpec | None) -> Callable[[torch.Tensor], ob
 def eager(histogram: HistogramSpec | None) -> Callable[[torch.Tensor], object]:
     def run(x: torch.Tensor) -> object:
         if histogram is None:
-            return _partials._float32_partials(x)
-        row, bins = _partials._float32_partials_and_bins(x)
-        return row, _partials._count_bins(bins, Log2Histogram.slots)
+            return _torch_kernels.float32_partials(x)
+        row, bins = _torch_kernels.float32_partials_and_bins(x)
+        return row, _torch_kernels.count_bins(bins, Log2Histogram.slots)
 
     return run
 

@@ -14,16 +14,15 @@ after its first compiled call.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from types import CodeType
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from layerscope import _gates as gates
 from layerscope import _stance as stance
 from layerscope._cost import CostMeter
 from layerscope._hooks import HookHandles, in_backward
@@ -34,59 +33,9 @@ from layerscope._recorder import Recorder, Target
 from layerscope._steps import StepClock
 from layerscope._tree import named_tensors
 from layerscope.sinks._base import Records
-from layerscope.stats._partials import own_graph_count
 
 TRAIN = "train"
 EVAL = "eval"
-
-# One function that dynamo runs eagerly, for every hook on a recorded step of compiled code:
-# one function, not one per hook, so that dynamo compiles what follows its call once. Made
-# once dynamo is loaded (making it loads dynamo: 2 s and 70 MB an uncompiled model should not
-# pay), at the latest at the first compiled call, where making it is itself a graph break.
-_EAGER: list[Callable[..., None]] = []
-# The gates' code. Dynamo traces a gate inline where a compiled model calls it, but it would
-# also compile each gate as a frame of its own, called from the eager parts of a recorded step,
-# and recompile it for every module's closure until it gave up: told to skip those frames.
-_GATE_CODES: set[CodeType] = set()
-
-
-def _call(hook: Callable[..., None], *args: Any, **kwargs: Any) -> None:
-    hook(*args, **kwargs)
-
-
-def _eager_call() -> Callable[..., None]:
-    """``_call``, which dynamo never traces: a hook called through it runs eagerly."""
-    if not _EAGER:
-        _EAGER.append(torch.compiler.disable(_call))  # type: ignore[no-untyped-call]  # untyped in torch
-        for code in _GATE_CODES:
-            _skip_frames_of(code)
-    return _EAGER[0]
-
-
-def _gate_made(gate: Callable[..., None]) -> Callable[..., None]:
-    code = gate.__code__
-    if code not in _GATE_CODES:
-        _GATE_CODES.add(code)
-        if _EAGER:
-            _skip_frames_of(code)
-    return gate
-
-
-def _skip_frames_of(code: CodeType) -> None:
-    """Dynamo compiles no frame of ``code`` or of what it calls, and still traces it inline.
-
-    A gate's frame of its own runs where compiled code calls it eagerly: its hook then runs
-    eagerly too, as torch.compiler.disable would run it.
-    """
-    try:
-        from torch._C._dynamo.eval_frame import (
-            _FrameAction,
-            _FrameExecStrategy,
-            set_code_exec_strategy,
-        )
-    except ImportError:  # private to torch: without it, only more recompiles
-        return
-    set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
 
 
 class LayerHooks:
@@ -155,8 +104,8 @@ class LayerHooks:
     def register(self) -> None:
         """Put the entry hooks on the model, and the watched modules' if the step needs them."""
         root = self._root
-        entry = self._entry_gated(self._on_entry)
-        leave = self._entry_gated(self._on_leave)
+        entry = gates.entry_gated(self._clock, self._on_entry)
+        leave = gates.entry_gated(self._clock, self._on_leave)
         self._handles.add(root.register_forward_pre_hook(entry, prepend=True))
         self._handles.add(root.register_forward_hook(leave, always_call=True))
         # Children are entry points only until the root's forward is seen to run.
@@ -166,17 +115,18 @@ class LayerHooks:
             self._child_entry_handles.add(child.register_forward_pre_hook(entry, prepend=True))
             self._child_entry_handles.add(child.register_forward_hook(leave, always_call=True))
         self._on_enter_hooks = [
-            self._gated(partial(self._on_enter, target, module)) for target, module in self._targets
+            gates.gated(self._clock, partial(self._on_enter, target, module))
+            for target, module in self._targets
         ]
         self._on_exit_hooks = [
-            self._gated(partial(self._on_exit, target, module)) for target, module in self._targets
+            gates.gated(self._clock, partial(self._on_exit, target, module))
+            for target, module in self._targets
         ]
         self.sync()
 
     def sync(self) -> None:
         """Put the watched modules' hooks on, or take them off, as the clock's gates say."""
-        if not _EAGER and "torch._dynamo" in sys.modules:  # before dynamo traces a hook
-            _eager_call()
+        gates.prepare_for_dynamo()
         try:
             stance.follow(self, self._clock.step_records)
         except Exception as error:  # compiled steps then record through graph breaks
@@ -185,7 +135,7 @@ class LayerHooks:
         wanted = self._static or self._clock.recording or self._clock.watching
         if wanted and not len(self._target_handles):
             self._attach()
-        elif not wanted and len(self._target_handles) and not self._compiled_anywhere():
+        elif not wanted and len(self._target_handles) and not self._stays_static():
             self._target_handles.remove()
             self._call_order_handles.remove()
 
@@ -211,57 +161,10 @@ class LayerHooks:
                 self._call_order_handles.add(pre)
             self._target_handles.add(module.register_forward_hook(exit_))
 
-    def _compiled_anywhere(self) -> bool:
-        """Whether dynamo has compiled the user's code in this process: hooks then stay for good.
-
-        Hooks put on or taken off a compiled model make dynamo recompile, so once anything is
-        compiled they stay. The statistics kernel's own graphs (torch's kernel where the C one
-        is missing, and on accelerators) do not count.
-        """
-        dynamo = sys.modules.get("torch._dynamo.utils")
-        if dynamo is None:
-            return False
-        if dynamo.counters["stats"]["unique_graphs"] > own_graph_count():
-            self._static = True
+    def _stays_static(self) -> bool:
+        """Whether the hooks stay on for good: once the user compiled anything, they do."""
+        self._static = self._static or gates.user_compiled_anything()
         return self._static
-
-    def _gated(self, hook: Callable[..., None]) -> Callable[..., None]:
-        """``hook`` behind a gate that torch.compile traces away on unrecorded steps.
-
-        The gate reads Python bools that dynamo guards on, so a compiled model keeps one
-        graph on unrecorded steps, where the sentinel watches only what runs eagerly; on
-        recorded steps the hook runs eagerly as a graph break, and the statistics are exactly
-        those of an eager run. The bools change only between passes, never within one.
-        """
-        clock = self._clock
-
-        def gate(*args: Any, **kwargs: Any) -> None:
-            compiling = torch.compiler.is_compiling()
-            # The sentinel stays out of compiled code: it would break the graph every step.
-            # Under compile `not compiling` comes first: no guard on watching, no recompile.
-            if clock.recording or (not compiling and clock.watching):
-                if not compiling:  # the eager trampoline would only cost time here
-                    hook(*args, **kwargs)
-                    return
-                _eager_call()(hook, *args, **kwargs)
-
-        return _gate_made(gate)
-
-    def _entry_gated(self, hook: Callable[..., None]) -> Callable[..., None]:
-        """An entry hook: always run eagerly, and in compiled code only on recorded steps.
-
-        Entries end skipped steps and begin passes, which unrecorded steps need too; their
-        cost is one call where the model is entered, not one per module.
-        """
-        clock = self._clock
-
-        def gate(*args: Any, **kwargs: Any) -> None:
-            if not torch.compiler.is_compiling():
-                hook(*args, **kwargs)
-            elif clock.recording:
-                _eager_call()(hook, *args, **kwargs)
-
-        return _gate_made(gate)
 
     # ---------------------------------------------------------------- passes
 

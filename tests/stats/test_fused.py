@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from layerscope import LayerscopeWarning
-from layerscope.stats import _partials
+from layerscope.stats import _torch_kernels
 
 CASES = {
     "normal": torch.randn(10_000),
@@ -26,14 +26,14 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_compiled_and_eager_kernels_agree(name):
     x = CASES[name]
-    eager, eager_bins = _partials._float32_partials_and_bins(x.contiguous())
-    fused, fused_bins = _partials._fused_float32(x, with_bins=True)
-    assert _partials._compile_state == "ready"
+    eager, eager_bins = _torch_kernels.float32_partials_and_bins(x.contiguous())
+    fused, fused_bins = _torch_kernels.fused_float32(x, with_bins=True)
+    assert _torch_kernels.compile_state == "ready"
     assert torch.equal(fused_bins, eager_bins)
     # The kernel without bins is another compiled kernel: its sums may run in another order
     # (inductor's cache may hold one made for another thread count), so it is held to the same
     # bounds, not to the same bits.
-    for row in (fused, _partials._fused_float32(x, with_bins=False)):
+    for row in (fused, _torch_kernels.fused_float32(x, with_bins=False)):
         counts = [0, 1, 6, 7, 8, 9, 10]  # numel, count, zeros, nan, inf, neg, pos
         assert torch.equal(row[counts], eager[counts])
         assert torch.equal(row[4:6], eager[4:6])  # min and max are exact
@@ -47,20 +47,20 @@ def test_a_failing_compile_warns_once_and_falls_back_to_eager(monkeypatch):
     def broken(x):
         raise RuntimeError("no C compiler")
 
-    monkeypatch.setattr(_partials, "_compiled", {False: broken, True: broken})
-    monkeypatch.setattr(_partials, "_compile_state", "ready")
+    monkeypatch.setattr(_torch_kernels, "_compiled", {False: broken, True: broken})
+    monkeypatch.setattr(_torch_kernels, "compile_state", "ready")
     x = torch.randn(100)
     with pytest.warns(LayerscopeWarning, match="no C compiler"):
-        row = _partials._fused_float32(x, with_bins=False)
-    assert torch.equal(row, _partials._float32_partials(x))
-    assert _partials._compile_state == "failed"
-    assert torch.equal(_partials._fused_float32(x, with_bins=False), row)  # no second warning
+        row = _torch_kernels.fused_float32(x, with_bins=False)
+    assert torch.equal(row, _torch_kernels.float32_partials(x))
+    assert _torch_kernels.compile_state == "failed"
+    assert torch.equal(_torch_kernels.fused_float32(x, with_bins=False), row)  # no second warning
 
 
 def test_layerscope_compile_0_keeps_the_eager_kernel():
     code = (
-        "import torch; from layerscope.stats import _partials as p; "
-        "p._fused_float32(torch.randn(10), False); print(p._compile_state)"
+        "import torch; from layerscope.stats import _torch_kernels as k; "
+        "k.fused_float32(torch.randn(10), False); print(k.compile_state)"
     )
     environment = {"LAYERSCOPE_COMPILE": "0", "PATH": "/usr/bin:/bin"}
     out = subprocess.run(

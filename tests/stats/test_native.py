@@ -35,6 +35,7 @@ from layerscope.stats import (
     Log2Histogram,
     _native,
     _partials,
+    _torch_kernels,
     finalize,
     tensor_partials,
 )
@@ -308,8 +309,8 @@ def test_every_16_and_8_bit_value_is_decoded_as_torch_decodes_it(isa, dtype):
     for threads in (1, 2):
         with _threads(threads):
             direct = tensor_partials(stored, Log2Histogram())
-        torch_row, torch_bins = _partials._float32_partials_and_bins(widened)
-        assert torch.equal(direct[1], _partials._count_bins(torch_bins, 256))
+        torch_row, torch_bins = _torch_kernels.float32_partials_and_bins(widened)
+        assert torch.equal(direct[1], _torch_kernels.count_bins(torch_bins, 256))
         exact = [int(field) for field in EXACT_FIELDS]
         assert torch.equal(direct[0][exact], torch_row[exact])
         pairs = torch.zeros(1, 2, dtype=torch.float64)
@@ -368,8 +369,8 @@ def test_linear_histogram_counts_as_the_torch_kernel(isa, name, spec, dtype):
     rng = np.random.default_rng(len(name))
     x = torch.from_numpy(_near_edges(spec, rng, 30_000)).to(dtype)
     flat = x.float()
-    want_hist = _partials._histogram(flat, spec)
-    want_row = _partials._float32_partials(flat)
+    want_hist = _torch_kernels.histogram_counts(flat, spec)
+    want_row = _torch_kernels.float32_partials(flat)
     for threads in (1, 2):
         with _threads(threads):
             assert _partials._native_reads(x, spec)
@@ -401,7 +402,7 @@ def test_linear_edges_on_float32_values_round_as_the_torch_kernel_rounds(isa):
         near = np.nextafter(edge_value, [-np.inf, np.inf]).astype(np.float32)
         x = torch.from_numpy(np.array([edge_value, *near, lo], dtype=np.float32))
         x = x.repeat(300)
-        want = _partials._histogram(x, spec)
+        want = _torch_kernels.histogram_counts(x, spec)
         _, hist = tensor_partials(x, spec)
         assert torch.equal(hist, want), (spec, x[:4].tolist(), hist.tolist(), want.tolist())
         width = (spec.hi - spec.lo) / spec.bins
@@ -451,8 +452,8 @@ def test_write_partials_fills_its_row_and_nothing_else(histogram):
 def test_the_torch_kernel_computes_the_same_row():
     x = torch.from_numpy(_values("specials_everywhere", 50_000, np.random.default_rng(2))).float()
     native = tensor_partials(x, Log2Histogram())
-    torch_row, torch_bins = _partials._float32_partials_and_bins(x)
-    assert torch.equal(native[1], _partials._count_bins(torch_bins, 256))
+    torch_row, torch_bins = _torch_kernels.float32_partials_and_bins(x)
+    assert torch.equal(native[1], _torch_kernels.count_bins(torch_bins, 256))
     exact = [int(field) for field in EXACT_FIELDS]
     assert torch.equal(native[0][exact], torch_row[exact])
     assert native[0][Field.MEAN].item() == pytest.approx(torch_row[Field.MEAN].item(), rel=1e-12)
@@ -467,7 +468,7 @@ def test_a_leading_nan_keeps_the_variance_of_offset_data():
     a[1] = -math.inf
     x = torch.from_numpy(a).float()
     want = reference_stats(values_of(x))
-    for row in (tensor_partials(x, None)[0], _partials._float32_partials(x)):
+    for row in (tensor_partials(x, None)[0], _torch_kernels.float32_partials(x)):
         check_stats(row_stats(finalize(row[None]), 0), want)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from layerscope.stats import _native
+from layerscope.stats import _native, _native_build
 
 COMPILER = shutil.which("cc") or shutil.which("gcc")
 
@@ -31,11 +31,11 @@ import json, sys, warnings
 from pathlib import Path
 import torch
 from torch import nn
-from layerscope.stats import _native
+from layerscope.stats import _native, _native_build
 if sys.argv[1] != "-":
     _native.LIBRARY = Path(sys.argv[1])
 if sys.argv[2] != "-":
-    _native._COMPILE_TIMEOUT = float(sys.argv[2])
+    _native_build._COMPILE_TIMEOUT = float(sys.argv[2])
 import layerscope
 from layerscope.stats import Log2Histogram, _partials, tensor_partials
 
@@ -240,8 +240,8 @@ def test_a_library_built_from_another_source_is_refused(tmp_path):
     # pip install -e builds in place; an edit of _native.c afterwards must not go unnoticed.
     built = tmp_path / "libnative.so"
     subprocess.run(
-        [COMPILER, *_native._FLAGS, '-DLAYERSCOPE_SOURCE_ID="0123"', str(_native.SOURCE), "-o",
-         str(built), "-lm"],
+        [COMPILER, *_native_build._FLAGS, '-DLAYERSCOPE_SOURCE_ID="0123"',
+         str(_native.SOURCE), "-o", str(built), "-lm"],
         check=True,
     )  # fmt: skip
     with pytest.raises(RuntimeError, match=r"another _native\.c"):

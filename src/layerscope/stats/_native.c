@@ -79,7 +79,7 @@ typedef struct {
 
 /* Which histogram: none, the log2 one, or `bins` linear ones over [lo, hi) with an underflow
  * and an overflow slot. scale and width are bins / (hi - lo) and (hi - lo) / bins, computed by
- * the caller as _partials._linear_bin_index computes them. */
+ * the caller as _torch_kernels.linear_bin_index computes them. */
 enum { HIST_NONE, HIST_LOG2, HIST_LINEAR };
 typedef struct {
     int kind;
@@ -665,7 +665,7 @@ static inline ISA_TARGET void NAME(block_log2)(const float* x, int64_t n,
     NAME(block_log2_scalar)(x, n, tables);
 }
 
-/* Linear histogram counts of one block: each value's slot as _partials._linear_bin_index
+/* Linear histogram counts of one block: each value's slot as _torch_kernels.linear_bin_index
  * computes it, in float64 and checked against the edges, then one increment a value. The
  * slots loop is written without branches, and converts no NaN, so that it vectorises. */
 static inline ISA_TARGET void NAME(block_linear)(const float* x, int64_t n, const histogram_t* h,

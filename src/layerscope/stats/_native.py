@@ -21,26 +21,16 @@ under a lock, at most once per process; ``LAYERSCOPE_NATIVE=0`` turns the kernel
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import hashlib
 import os
-import platform
-import shlex
-import shutil
-import signal
 import subprocess
-import sys
-import tempfile
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import torch
 from torch import Tensor
 
+from layerscope.stats import _native_build as native_build
 from layerscope.stats._histogram import HistogramSpec, LinearHistogram
 from layerscope.stats._layout import WIDTH, c_names
 
@@ -53,16 +43,6 @@ _BYTE = 3
 ISAS = ("portable", "avx2", "avx512")  # layerscope_select's levels
 MAX_LINEAR_BINS = 1 << 30  # from _native.c
 _HIST_OFFSET = WIDTH * 8  # bytes from a row's start to its histogram
-
-# The opt-in build at first use: the flags of setup.py, and limits so that it cannot stall
-# training for long.
-_FLAGS = (
-    "-O3", "-g0", "-fno-strict-aliasing", "-ffp-contract=off", "-fno-trapping-math",
-    "-fvisibility=hidden", "-shared", "-fPIC",
-)  # fmt: skip
-_OPTIONAL_FLAGS = ("-fopenmp-simd",)
-_COMPILE_TIMEOUT = 60.0  # seconds; a build takes about 1.5 s
-_LOCK_TIMEOUT = _COMPILE_TIMEOUT + 30.0  # waiting for another process's build
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -143,7 +123,7 @@ def partials_into(x: Tensor, rows: Tensor, index: int, histogram: HistogramSpec 
     threads = torch.get_num_threads()
     if isinstance(histogram, LinearHistogram):
         lo, hi, bins = histogram.lo, histogram.hi, histogram.bins
-        # as _partials._linear_bin_index computes them
+        # as _torch_kernels.linear_bin_index computes them
         scale, width = bins / (hi - lo), (hi - lo) / bins
         status = lib.layerscope_partials_linear(
             x.data_ptr(), x.numel(), code, decode, row, row + _HIST_OFFSET, lo, hi, scale,
@@ -226,7 +206,7 @@ def _find() -> tuple[ctypes.CDLL | None, str | None]:
     if os.environ.get("LAYERSCOPE_BUILD_NATIVE") != "1":
         return None, why
     try:
-        return _build(), None
+        return native_build.build(SOURCE, LIBRARY.name, _open), None
     except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as error:
         return None, f"{why}, and building it with LAYERSCOPE_BUILD_NATIVE=1 failed ({error})"
 
@@ -242,7 +222,7 @@ def _open(path: Path) -> ctypes.CDLL:
         raise RuntimeError(f"its row holds {fields}, layerscope's {c_names()}")
     lib.layerscope_source_id.restype = ctypes.c_char_p
     built_from = lib.layerscope_source_id().decode()
-    if built_from and SOURCE.exists() and built_from != _source_id(SOURCE.read_bytes()):
+    if built_from and SOURCE.exists() and built_from != native_build.source_id(SOURCE.read_bytes()):
         # an in-place build (pip install -e) that predates an edit of _native.c
         raise RuntimeError("it was built from another _native.c: run `pip install -e .` again")
     lib.layerscope_isa.restype = ctypes.c_char_p
@@ -304,122 +284,3 @@ def _mapped(name: str) -> list[Path]:
         return []
     paths = {line.split(maxsplit=5)[-1] for line in lines if f"/{name}" in line}
     return [Path(path) for path in sorted(paths)]
-
-
-def _build() -> ctypes.CDLL:
-    """Build the library with ``$CC`` (else ``cc``) and load it; LAYERSCOPE_BUILD_NATIVE=1.
-
-    Into a private per-user cache where there is one, so that processes (torchrun's ranks)
-    build once between them, under a lock; else into a temporary folder of this process's.
-    """
-    compiler = shlex.split(os.environ.get("CC", "")) or ["cc"]
-    if shutil.which(compiler[0]) is None:
-        raise RuntimeError(f"no C compiler: {compiler[0]} is not on PATH")
-    source = SOURCE.read_bytes()
-    folder = _private_cache()
-    if folder is None:
-        with tempfile.TemporaryDirectory(prefix="layerscope-") as temporary:
-            path = Path(temporary) / LIBRARY.name
-            _compile(compiler, source, path)
-            return _open(path)  # loaded: the file can go
-    digest = hashlib.sha256(source)
-    for part in (*compiler, *_FLAGS, platform.machine(), sys.platform):
-        digest.update(b"\0" + part.encode())
-    path = folder / f"libnative-{digest.hexdigest()[:16]}.so"
-    with _locked(folder / "build.lock"):
-        if not path.exists():  # else another process built it
-            _compile(compiler, source, path)
-    return _open(path)  # a failure here is final for this process: no second build
-
-
-def _private_cache() -> Path | None:
-    """``$LAYERSCOPE_CACHE`` (default ``~/.cache/layerscope``), made 0700 if new.
-
-    None unless it is this user's and no one else can write to it: a library there could
-    otherwise be replaced with another user's code.
-    """
-    getuid = getattr(os, "getuid", None)
-    configured = os.environ.get("LAYERSCOPE_CACHE")
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    folder = Path(configured) if configured else Path(base) / "layerscope"
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = folder.stat()
-    except OSError:
-        return None
-    if getuid is None or info.st_uid != getuid() or info.st_mode & 0o022:
-        return None
-    return folder
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` for the block; give up after ``_LOCK_TIMEOUT``."""
-    import fcntl  # POSIX only, as is this build
-
-    with open(path, "a") as handle:
-        deadline = time.monotonic() + _LOCK_TIMEOUT
-        while not _try_lock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{path} stayed locked for {_LOCK_TIMEOUT:.0f} s")
-            time.sleep(0.05)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _try_lock(handle: IO[str], flags: int) -> bool:
-    import fcntl
-
-    try:
-        fcntl.flock(handle, flags)
-    except BlockingIOError:
-        return False
-    return True
-
-
-def _compile(compiler: list[str], source: bytes, path: Path) -> None:
-    """Build in a fresh folder beside ``path``, then rename it into place."""
-    folder = tempfile.mkdtemp(dir=path.parent)
-    built = os.path.join(folder, path.name)
-    define = f'-DLAYERSCOPE_SOURCE_ID="{_source_id(source)}"'
-    try:
-        for optional in (_OPTIONAL_FLAGS, ()):
-            command = [*compiler, *_FLAGS, *optional, define, str(SOURCE), "-o", built, "-lm"]
-            status, errors = _run(command)
-            if status == 0:
-                os.replace(built, path)
-                return
-            if not any(flag in errors for flag in optional):
-                break  # again without -fopenmp-simd only where the compiler refused it
-        last = (errors.strip().splitlines() or ["no message"])[-1]
-        raise RuntimeError(f"{' '.join(command)}: {last}")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _run(command: list[str]) -> tuple[int, str]:
-    """Run a compiler: its exit status and stderr.
-
-    Past ``_COMPILE_TIMEOUT`` it is killed with the processes it started (cc1, as), and
-    ``subprocess.TimeoutExpired`` raised.
-    """
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # a process group of its own, to kill as one
-    )
-    try:
-        _, errors = process.communicate(timeout=_COMPILE_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        raise
-    return process.returncode, errors
-
-
-def _source_id(source: bytes) -> str:
-    return hashlib.sha256(source).hexdigest()

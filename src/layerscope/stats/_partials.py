@@ -7,24 +7,18 @@ depend only on dtype and numel, which are metadata, never on data.
 from __future__ import annotations
 
 import os
-import sys
 import warnings
-from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from layerscope._errors import LayerscopeWarning
-from layerscope._stance import compiled_allowed
 from layerscope.stats import _native
-from layerscope.stats._histogram import HistogramSpec, LinearHistogram, Log2Histogram
+from layerscope.stats import _torch_kernels as kernels
+from layerscope.stats._histogram import HistogramSpec, Log2Histogram
 from layerscope.stats._layout import EMPTY_ROW, WIDTH, Field
 
 _INF = float("inf")
-_FIELDS = tuple(Field)  # row order, as a constant torch.compile folds
-# Smallest exponent (as torch.frexp gives it) whose inverse power of two is finite.
-_MIN_EXPONENT = {torch.float32: -126, torch.float64: -1022}
 
 
 def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor, Tensor | None]:
@@ -77,13 +71,13 @@ def _torch_partials(
     if flat.numel() == 0:
         return _empty_partials(flat.device), _empty_histogram(histogram, flat.device)
     if flat.dtype == torch.float64:
-        row = _float_partials(flat)
+        row = kernels.float_partials(flat)
     elif isinstance(histogram, Log2Histogram):  # the bins come out of the same pass
-        row, bins = _fused_float32(flat, with_bins=True, quiet=quiet)
-        return row, _count_bins(bins, histogram.slots)
+        row, bins = kernels.fused_float32(flat, with_bins=True, quiet=quiet)
+        return row, kernels.count_bins(bins, histogram.slots)
     else:
-        row = _fused_float32(flat, with_bins=False, quiet=quiet)
-    hist = _histogram(flat, histogram) if histogram is not None else None
+        row = kernels.fused_float32(flat, with_bins=False, quiet=quiet)
+    hist = kernels.histogram_counts(flat, histogram) if histogram is not None else None
     return row, hist
 
 
@@ -139,7 +133,7 @@ def kernel_name(device_type: str = "cpu") -> str:
         native = _native.kernel_name()
         if native is not None:
             return native
-    if _compile_state == "failed" or os.environ.get("LAYERSCOPE_COMPILE", "1") == "0":
+    if kernels.compile_state == "failed" or os.environ.get("LAYERSCOPE_COMPILE", "1") == "0":
         return "eager"
     return "compiled"
 
@@ -184,8 +178,8 @@ def _warn_native_missing() -> None:
         instead = "the torch.compile'd kernel, about 10 times slower"
     else:
         instead = "the eager torch kernel, about 50 times slower"
-        if _compile_error is not None:
-            instead += f" (torch.compile failed: {_compile_error})"
+        if kernels.compile_error is not None:
+            instead += f" (torch.compile failed: {kernels.compile_error})"
     warnings.warn(
         f"layerscope: the C statistics kernel is missing: {_native.problem()}. Statistics on "
         f"the CPU use {instead}. Reinstall layerscope where a C compiler is on PATH (`pip "
@@ -195,179 +189,6 @@ def _warn_native_missing() -> None:
         LayerscopeWarning,
         stacklevel=3,
     )
-
-
-def _float32_partials(x: Tensor) -> Tensor:
-    """Partials of a non-empty 1-D float32 tensor, in one pass over it.
-
-    Sums run in float64 on values shifted by the first element (0 if not finite): float32's
-    squares can neither overflow nor underflow there, so no rescaling pass is needed, and the
-    shift keeps ``sum(d**2) - sum(d)**2 / n`` from cancelling: where the first element is far
-    from the mean, M2 is at least as large as that distance squared.
-    """
-    numel = x.numel()
-    finite = x.abs() < _INF  # NaN compares false too
-    nan = torch.count_nonzero(torch.isnan(x))
-    count = torch.count_nonzero(finite)
-    # The first element, or 0 where it is not finite (the C kernel looks further: here that
-    # would take a pass of its own, and float64's pairwise sums keep the error small).
-    first = x[0].double()
-    shift = torch.where(first.abs() < _INF, first, 0.0)
-    deviation = torch.where(finite, x.double() - shift, 0.0)
-    total = deviation.sum()
-    squares = (deviation * deviation).sum()
-    lo = torch.where(finite, x, _INF).amin()
-    hi = torch.where(finite, x, -_INF).amax()
-    zeros = numel - torch.count_nonzero(x)
-    pos = torch.count_nonzero(x > 0)
-    count_f = count.double().clamp(min=1.0)
-    return _row(
-        {
-            Field.NUMEL: torch.ones((), dtype=torch.float64, device=x.device) * numel,
-            Field.COUNT: count,
-            Field.MEAN: shift + total / count_f,
-            Field.M2: (squares - total * total / count_f).clamp(min=0.0),
-            Field.MIN: lo,
-            Field.MAX: hi,
-            Field.ZEROS: zeros,
-            Field.NAN: nan,
-            Field.INF: numel - count - nan,
-            Field.NEG: numel - zeros - nan - pos,  # NaN is neither; -inf is negative
-            Field.POS: pos,
-        }
-    )
-
-
-def _row(fields: dict[Field, Tensor]) -> Tensor:
-    """A float64 row of every field's value, in row order (a field left out raises)."""
-    return torch.stack([fields[field].to(torch.float64) for field in _FIELDS])
-
-
-def _float32_partials_and_bins(x: Tensor) -> tuple[Tensor, Tensor]:
-    """``_float32_partials`` and each value's log2 slot (uint8), from one pass."""
-    return _float32_partials(x), _log2_bin_index(x).to(torch.uint8)
-
-
-def _float_partials(x: Tensor) -> Tensor:
-    """Partials of a non-empty 1-D float64 (or float32) tensor, reduced in its own dtype."""
-    numel = x.numel()
-    # isfinite is a composite of four passes on CPU; NaN compares false here too.
-    finite = x.abs() < _INF
-    count = torch.count_nonzero(finite)
-    nan = torch.count_nonzero(torch.isnan(x))
-    lo = torch.where(finite, x, _INF).amin()
-    hi = torch.where(finite, x, -_INF).amax()
-
-    # Scale by a power of two so that squares neither overflow (|x| > 1.8e19 in float32) nor
-    # underflow (|x| < 1e-19); the scaling is exact and undone in float64 below.
-    absmax = torch.maximum(lo.abs(), hi.abs())
-    absmax = torch.where(count > 0, absmax, 0.0)
-    _, exponent = torch.frexp(absmax)
-    # Below the smallest normal exponent 2**-exponent would overflow; subnormals keep less.
-    exponent = exponent.clamp(min=_MIN_EXPONENT[x.dtype])
-    inv_scale = torch.pow(2.0, -exponent.to(x.dtype))
-    scaled = torch.where(finite, x * inv_scale, 0.0)
-    count_f = count.to(x.dtype)
-    mean_scaled = scaled.sum() / count_f.clamp(min=1.0)
-    # Corrected two-pass sum of squares: the second term removes the error of the first mean.
-    deviation = torch.where(finite, scaled - mean_scaled, 0.0)
-    dev_sum = deviation.sum()
-    m2_scaled = (deviation * deviation).sum() - dev_sum * dev_sum / count_f.clamp(min=1.0)
-
-    # Undo the scaling in two halves: 2**1024 alone overflows float64.
-    half = torch.div(exponent, 2, rounding_mode="floor").to(torch.float64)
-    scale_a = torch.pow(2.0, half)
-    scale_b = torch.pow(2.0, exponent.to(torch.float64) - half)
-    zeros = numel - torch.count_nonzero(x)
-    pos = torch.count_nonzero(x > 0)
-    neg = numel - zeros - nan - pos  # NaN is neither; -inf is negative
-    return _row(
-        {
-            Field.NUMEL: torch.ones((), dtype=torch.float64, device=x.device) * numel,
-            Field.COUNT: count,
-            # Corrected mean, summed in float64: float32's ulp at 1e4 is 1e-3.
-            Field.MEAN: (mean_scaled.double() + dev_sum.double() / count_f.clamp(min=1.0).double())
-            * scale_a
-            * scale_b,
-            Field.M2: m2_scaled.clamp(min=0.0).to(torch.float64)
-            * scale_a
-            * scale_a
-            * scale_b
-            * scale_b,
-            Field.MIN: lo,
-            Field.MAX: hi,
-            Field.ZEROS: zeros,
-            Field.NAN: nan,
-            Field.INF: numel - count - nan,
-            Field.NEG: neg,
-            Field.POS: pos,
-        }
-    )
-
-
-# torch.compile fuses the passes of _float32_partials (and the log2 bins) into one loop: on a
-# 2-core CPU about 1 ms per million float32 elements instead of 18 ms eager. It compiles once
-# per process (about 10 s on that CPU, plus ~2 s for sizes 0 and 1) and falls back to eager
-# where it cannot compile. LAYERSCOPE_COMPILE=0 keeps the eager kernel.
-_KERNELS: dict[bool, Callable[[Tensor], Any]] = {
-    False: _float32_partials,
-    True: _float32_partials_and_bins,
-}
-_compiled: dict[bool, Callable[[Tensor], Any]] = {}
-_compile_state = "untried"  # "untried", "ready" or "failed"
-_compile_error: str | None = None  # why compiling failed, where it ran and failed
-_own_graphs = 0  # graphs dynamo made for this kernel, told apart from the user's own compiles
-
-
-def own_graph_count() -> int:
-    """How many of dynamo's graphs in this process are this kernel's, not the user's."""
-    return _own_graphs
-
-
-def _run_compiled(compiled: Callable[[Tensor], Any], x: Tensor) -> Any:
-    """``compiled(x)``, counting the graphs its (re)compiles add."""
-    global _own_graphs
-    stats = sys.modules["torch._dynamo.utils"].counters["stats"]
-    before = stats["unique_graphs"]
-    try:
-        with compiled_allowed():  # also on a recorded step that runs the model eagerly
-            return compiled(x)
-    finally:
-        _own_graphs += stats["unique_graphs"] - before
-
-
-def _fused_float32(x: Tensor, with_bins: bool, quiet: bool = False) -> Any:
-    """The float32 kernel, with the log2 bins if asked for; compiled where possible.
-
-    ``quiet``: a failure to compile is not warned of here (the caller's warning names it).
-    """
-    global _compile_state, _compile_error
-    if _compile_state == "untried":
-        _compile_state = "failed"
-        if os.environ.get("LAYERSCOPE_COMPILE", "1") != "0":
-            try:
-                for bins, eager in _KERNELS.items():
-                    _compiled[bins] = torch.compile(eager, dynamic=True)
-                _compile_state = "ready"
-            except Exception:  # no compiler backend here: eager it is
-                _compiled.clear()
-    compiled = _compiled.get(with_bins)
-    if compiled is None:
-        return _KERNELS[with_bins](x.contiguous())
-    try:
-        return _run_compiled(compiled, x.contiguous())
-    except Exception as error:
-        _compiled.clear()
-        _compile_state = "failed"
-        _compile_error = f"{type(error).__name__}: {error}"
-        if not quiet:
-            warnings.warn(
-                f"layerscope: compiling the statistics kernel failed ({_compile_error}); "
-                "using the eager kernel, which is slower",
-                LayerscopeWarning,
-                stacklevel=2,
-            )
-        return _KERNELS[with_bins](x.contiguous())
 
 
 def _count_partials(x: Tensor) -> Tensor:
@@ -396,60 +217,3 @@ def _empty_histogram(histogram: HistogramSpec | None, device: torch.device) -> T
     if histogram is None:
         return None
     return torch.zeros(histogram.slots, dtype=torch.int64, device=device)
-
-
-def _histogram(x: Tensor, histogram: HistogramSpec) -> Tensor:
-    if isinstance(histogram, LinearHistogram):
-        index = _linear_bin_index(x, histogram)
-    else:
-        index = _log2_bin_index(x)
-    return _count_bins(index, histogram.slots)
-
-
-def _log2_bin_index(x: Tensor) -> Tensor:
-    """Biased float32 exponent of each value: 0 zero/subnormal, 255 non-finite."""
-    if x.dtype == torch.float64:
-        # Rebias the float64 exponent onto float32's bins; finite values beyond float32's range
-        # land in the outermost finite bins rather than among the non-finite.
-        exponent = (x.view(torch.int64) >> 52) & 0x7FF
-        index = (exponent - (1023 - 127)).clamp(0, 254)
-        return torch.where(torch.isfinite(x), index, 255)
-    # int32 indices: bincount and index_add_ take them, and widening costs a pass.
-    return (x.view(torch.int32) >> 23) & 0xFF
-
-
-def _linear_bin_index(x: Tensor, spec: LinearHistogram) -> Tensor:
-    """Slot of each value: 0 underflow, 1..bins, bins+1 overflow, bins+2 NaN (dropped).
-
-    Computed in float64 and checked against the edges, as numpy does: rounding in
-    ``(x - lo) * scale`` can put a value next to an edge one bin off.
-    """
-    x = x.double()
-    bins = spec.bins
-    position = torch.floor((x - spec.lo) * (bins / (spec.hi - spec.lo))).clamp(-1.0, bins)
-    position = torch.where(torch.isnan(x), 0.0, position)
-    position = position - ((position >= 0) & (x < _linear_edge(position, spec))).double()
-    position = position + ((position < bins) & (x >= _linear_edge(position + 1, spec))).double()
-    # NaN compares false everywhere: park it past the overflow slot, then drop that slot.
-    position = torch.where(torch.isnan(x), float(bins + 1), position)
-    return (position + 1).long()
-
-
-def _linear_edge(k: Tensor, spec: LinearHistogram) -> Tensor:
-    """Lower edge of bin ``k``: ``lo + k * width``, and exactly ``hi`` for ``k == bins``."""
-    width = (spec.hi - spec.lo) / spec.bins
-    return torch.where(k >= spec.bins, spec.hi, spec.lo + k.clamp(min=0.0) * width)
-
-
-def _count_bins(index: Tensor, slots: int) -> Tensor:
-    """Exact int64 counts of each slot; one extra slot takes what is to be dropped."""
-    size = slots + 1
-    if index.device.type == "cpu":  # uint8 indices (log2 bins) count fastest
-        # On CPU bincount is ~2x faster than index_add_ and has no device to sync with.
-        counts = torch.bincount(index, minlength=size)
-    else:
-        # On CUDA bincount reads min and max back to the host; index_add_ does not.
-        counts = torch.zeros(size, dtype=torch.int64, device=index.device)
-        index = index.int() if index.dtype == torch.uint8 else index  # index_add_ wants ints
-        counts.index_add_(0, index, torch.ones_like(index, dtype=torch.int64))
-    return counts[:slots]
