@@ -48,6 +48,7 @@ def _step(model, scope, batch=3):
             "optimizer",
         ),
         ({"alerts": "loud"}, ValueError, "alerts"),
+        ({"alerts": 3}, TypeError, "alerts"),
     ],
 )
 def test_bad_input_gets_a_clear_error_naming_the_argument(kwargs, error, names):

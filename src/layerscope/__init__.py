@@ -13,8 +13,8 @@ Example:
     2     0         weight_grad  weight
 """
 
-from layerscope import sinks, stats, store
-from layerscope._errors import LayerscopeWarning
+from layerscope import health, sinks, stats, store
+from layerscope._errors import LayerscopeWarning, NonFiniteError
 from layerscope._kinds import Kind
 from layerscope._modules import CallEvent, ModuleInfo
 from layerscope._schedule import Schedule
@@ -27,10 +27,12 @@ __all__ = [
     "Kind",
     "LayerscopeWarning",
     "ModuleInfo",
+    "NonFiniteError",
     "Run",
     "Schedule",
     "Scope",
     "__version__",
+    "health",
     "load",
     "runs",
     "sinks",

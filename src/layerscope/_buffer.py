@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from layerscope.stats._layout import WIDTH
+from layerscope.stats._layout import WIDTH, Field
 from layerscope.stats._partials import write_extremes
 
 
@@ -123,6 +123,19 @@ class DeviceRows:
         write_extremes(tensor, pairs, self._pair_count)
         self._pair_count += 1
         return self._pair_count - 1
+
+    def nonfinite_rows(self, rows: Tensor) -> Tensor:
+        """Whether each of ``rows`` (indices) counted a NaN or an Inf: a bool device tensor."""
+        counts = self._data[rows.to(self.device)][:, [Field.NAN, Field.INF]]
+        return counts.sum(dim=1) > 0
+
+    def nonfinite_pairs(self, pairs: Tensor) -> Tensor:
+        """Whether each of ``pairs`` (indices) is not finite: NaN or Inf in its tensor."""
+        if self._pairs is not None:
+            chosen = self._pairs[pairs]
+        else:
+            chosen = torch.stack(self._extremes).view(-1, 2)[pairs.to(self.device)]
+        return ~torch.isfinite(chosen).all(dim=1)
 
     def take(self) -> HostCopy:
         """Start the copy of everything stored so far to the host and empty the buffer.

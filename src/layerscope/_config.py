@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -11,6 +11,7 @@ from torch import nn
 from layerscope._kinds import Kind, parse_capture
 from layerscope._schedule import Schedule, parse_every
 from layerscope._select import Selection, check_types, compile_patterns
+from layerscope.health import AlertsConfig, parse_alerts
 from layerscope.stats import HistogramSpec, LinearHistogram, log2_bin_edges
 from layerscope.stats._histogram import parse_histogram
 from layerscope.stats._selection import StatSelection, parse_stats
@@ -25,6 +26,7 @@ class WatchConfig:
     selection: Selection
     stats: StatSelection
     histogram: HistogramSpec | None
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
     @classmethod
     def from_arguments(
@@ -38,6 +40,7 @@ class WatchConfig:
         types: object,
         stats: object,
         histogram: object,
+        alerts: object = True,
     ) -> WatchConfig:
         """Validate ``watch()``'s arguments; errors name the argument and what was expected."""
         parsed_stats = parse_stats(stats)
@@ -52,6 +55,7 @@ class WatchConfig:
             ),
             stats=parsed_stats,
             histogram=spec if "hist" in parsed_stats.builtin else None,
+            alerts=parse_alerts(alerts),
         )
 
     def histogram_edges(self) -> list[float] | None:
@@ -75,6 +79,7 @@ class WatchConfig:
             "stats": list(self.stats.builtin),
             "custom_stats": list(self.stats.custom),
             "histogram": histogram_to_dict(self.histogram),
+            "alerts": self.alerts.to_dict(),
         }
 
 

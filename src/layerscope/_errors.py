@@ -10,6 +10,10 @@ class LayerscopeWarning(UserWarning):
     """Something went wrong in monitoring; training was not affected."""
 
 
+class NonFiniteError(FloatingPointError):
+    """A watched tensor held NaN or Inf, and ``watch(alerts="raise")`` stops training there."""
+
+
 class FailureCounter:
     """Counts monitoring failures; the first becomes one warning, later ones are only counted.
 

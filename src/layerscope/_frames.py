@@ -13,7 +13,11 @@ from layerscope.stats._selection import StatSelection
 if TYPE_CHECKING:
     import pandas
 
-TABLES = ("stats", "scalars", "calls")
+TABLES = ("stats", "scalars", "alerts", "calls")
+ALERT_COLUMNS = [
+    "step", "phase", "rule", "module", "kind", "tensor",
+    "severity", "value", "threshold", "message",
+]  # fmt: skip
 
 
 def stats_columns(stats: StatSelection, histogram: bool) -> list[str]:
@@ -28,6 +32,7 @@ def column_names(table: str, stats: list[str]) -> list[str]:
     return {
         "stats": stats,
         "scalars": ["step", "name", "value"],
+        "alerts": ALERT_COLUMNS,
         "calls": ["seq", "event", "module", "call"],
     }[table]
 
@@ -45,6 +50,9 @@ def memory_frame(memory: MemorySink, table: str, stats: list[str]) -> pandas.Dat
         return frame
     if table == "scalars":
         return pd.DataFrame(memory.scalars, columns=column_names(table, stats))
+    if table == "alerts":
+        alerts = [[getattr(alert, name) for name in ALERT_COLUMNS] for alert in memory.alerts]
+        return pd.DataFrame(alerts, columns=ALERT_COLUMNS)
     return pd.DataFrame(
         [(c.seq, c.event, c.module, c.call) for c in memory.calls],
         columns=column_names(table, stats),

@@ -27,6 +27,7 @@ from layerscope._identities import Identities
 from layerscope._merging import Merged, finalize_merged, merge_batches, split_merged
 from layerscope._ranks import ProcessRank
 from layerscope._sentinel_rows import SentinelCarry, sentinel_rows
+from layerscope.health import HealthMonitor
 from layerscope.sinks._base import FanOut, Records, RunSummary
 from layerscope.stats._selection import StatSelection
 
@@ -60,9 +61,11 @@ class Pipeline:
         failures: FailureCounter,
         flush_steps: int,
         flush_seconds: float,
+        health: HealthMonitor | None = None,
         queue_size: int = 256,
     ) -> None:
         self.sink = sink
+        self.health = health
         self.recorded_rows = 0
         self.dropped_rows = 0  # of the stats table
         self.dropped_scalars = 0
@@ -99,6 +102,11 @@ class Pipeline:
         with self._count_lock:
             self.dropped_rows += rows
             self.dropped_scalars += scalars
+
+    def log_alerts(self) -> None:
+        """Log, on the calling (training) thread, the alerts the writer found since last time."""
+        if self.health is not None:
+            self.health.log_found()
 
     def drain(self) -> None:
         """Wait until everything submitted so far is written and flushed."""
@@ -151,6 +159,8 @@ class Pipeline:
                     steps_since_flush += item.final
                     due = due or steps_since_flush >= self._flush_steps
                 elif isinstance(item, Records):
+                    if item.calls and self.health is not None:
+                        self.health.learn_calls(item.calls)
                     self._guarded("writing", self.sink.write, item)
                 full = len(waiting) >= WAITING_BATCHES or waiting_readings >= WAITING_READINGS
                 if waiting and (due or full or isinstance(item, _Flush | _Stop)):
@@ -209,9 +219,16 @@ class Pipeline:
         if done is not None:
             stats = finalize_merged(done, self._place.rank, self._selection, self._identities)
             self.recorded_rows += len(stats)
+        alerts = []
+        if self.health is not None:
+            chunks = [chunk for chunk in (stats, sentinel) if chunk is not None]
+            try:
+                alerts = self.health.observe(chunks, scalars)
+            except Exception as error:  # the rows are written all the same
+                self._failures.record("evaluating the health rules", error)
         # The recorded steps' rows first: a failure writing the sentinel's must not cost them.
-        if stats is not None or scalars:
-            self.sink.write(Records(stats=stats, scalars=scalars))
+        if stats is not None or scalars or alerts:
+            self.sink.write(Records(stats=stats, scalars=scalars, alerts=alerts))
         if sentinel is not None:
             self.recorded_rows += len(sentinel)
             self.sink.write(Records(stats=sentinel))

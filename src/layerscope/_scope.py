@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Sequence
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -32,12 +32,14 @@ from layerscope._imports import require
 from layerscope._kinds import Kind
 from layerscope._layer_hooks import LayerHooks
 from layerscope._modules import CallEvent, ModuleInfo, module_tree
+from layerscope._nonfinite_stop import nonfinite_error, stop_schedule
 from layerscope._parameters import ParameterReads
 from layerscope._pipeline import Pipeline
 from layerscope._ranks import ProcessRank
 from layerscope._recorder import Recorder, Target
-from layerscope._select import is_compiled, select, unwrap
+from layerscope._select import device_type, is_compiled, pattern_texts, select, unwrap
 from layerscope._steps import StepClock
+from layerscope.health import HealthMonitor
 from layerscope.sinks._base import FanOut, RunInfo, RunSummary, Sink
 from layerscope.sinks._memory import MemorySink
 from layerscope.stats._partials import kernel_name
@@ -72,7 +74,8 @@ class Scope:
         self._meter = CostMeter()
         # The sentinel watches activations and output gradients on the steps not recorded.
         sentinel = bool(config.kinds & {Kind.ACTIVATION, Kind.GRAD})
-        self._clock = StepClock(config.schedule, sentinel, self._on_accelerator)
+        self._stops = config.alerts.raise_on_nonfinite
+        self._clock = StepClock(stop_schedule(config), sentinel, self._on_accelerator)
         self._closed = False
         self._identities = Identities()
 
@@ -80,8 +83,8 @@ class Scope:
         if not targets:
             selection = config.selection
             raise ValueError(
-                f"no module selected: include={_patterns(selection.include)}, "
-                f"exclude={_patterns(selection.exclude)}, types={selection.types}"
+                f"no module selected: include={pattern_texts(selection.include)}, "
+                f"exclude={pattern_texts(selection.exclude)}, types={selection.types}"
             )
         self._targets = [(Target(name, type(m).__name__), m) for name, m in targets]
         # Another open scope on the same modules would double every hook (a re-run cell).
@@ -115,6 +118,7 @@ class Scope:
             flush_steps=10 if store is None else store.flush_steps,
             flush_seconds=5.0 if store is None else store.flush_seconds,
             queue_size=256 if store is None else store.queue_size,
+            health=HealthMonitor.for_run(config.alerts, self._modules, targets, optimizers),
         )
         # A scope left open at exit is closed then, so the writer writes what it holds.
         lifecycle.track(self)
@@ -227,7 +231,8 @@ class Scope:
 
         Args:
             table: ``"stats"`` (one row per step, phase, rank, module, kind, tensor and call),
-                ``"scalars"`` (step, name, value) or ``"calls"`` (seq, event, module, call).
+                ``"scalars"`` (step, name, value), ``"alerts"`` (the health rules' findings)
+                or ``"calls"`` (seq, event, module, call).
 
         Returns:
             A new DataFrame; later steps do not change it.
@@ -235,7 +240,7 @@ class Scope:
         require("pandas", "dataframe")
         self._failures.warn_pending()
         if table not in TABLES:
-            raise ValueError(f"table: expected 'stats', 'scalars' or 'calls', got {table!r}")
+            raise ValueError(f"table: expected one of {list(TABLES)}, got {table!r}")
         if not self._closed:
             self._flush_so_far()
             self._pipeline.drain()
@@ -294,6 +299,7 @@ class Scope:
             self._claims.release()
             finished = self._pipeline.close(partial(self._summary, status), timeout)
             self._failures.warn_pending()
+            self._pipeline.log_alerts()
         if not finished:
             warnings.warn(
                 f"layerscope: the writer did not finish the run in {timeout} s (a sink "
@@ -329,6 +335,8 @@ class Scope:
         clock = self._clock
         if clock.step_records:
             self._parameters.read_at_step_end(skipped)
+        # Raised once the step has ended, so that the scope stays whole to be closed.
+        stop = nonfinite_error(self._recorder, clock.step) if self._stops else None
         if skipped:
             self._recorder.add_scalars(clock.step, {"skipped": 1.0})
         try:
@@ -340,6 +348,9 @@ class Scope:
         self._layers.sync()
         self._parameters.step_ended()
         self._failures.warn_pending()
+        self._pipeline.log_alerts()
+        if stop is not None:
+            raise stop
 
     def _on_accelerator(self) -> bool:
         """Whether the model's parameters are on a GPU or another accelerator now."""
@@ -376,14 +387,8 @@ class Scope:
             failures=self._failures.count,
             cost_seconds=self._meter.seconds,
             writer_seconds=writer_seconds,
-            kernel=kernel_name(self._device_type()),
+            kernel=kernel_name(device_type(self._root)),
         )
-
-    def _device_type(self) -> str:
-        """The model's device type: an accelerator's where any tensor is on one, else "cpu"."""
-        tensors = [*self._root.parameters(), *self._root.buffers()]
-        accelerators = sorted({t.device.type for t in tensors} - {"cpu", "meta"})
-        return accelerators[0] if accelerators else "cpu"
 
     def _fail(self, where: str, error: BaseException) -> None:
         self._failures.record(where, error)
@@ -392,7 +397,3 @@ class Scope:
     def _check_open(self, action: str) -> None:
         if self._closed:
             raise RuntimeError(f"{action}: this scope is closed")
-
-
-def _patterns(patterns: Sequence[Any]) -> list[str]:
-    return [pattern.pattern for pattern in patterns]

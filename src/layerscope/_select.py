@@ -124,3 +124,15 @@ def select(model: nn.Module, selection: Selection) -> Iterator[tuple[str, nn.Mod
         name = clean_name(raw_name)
         if selection.picks(name, module):
             yield name, module
+
+
+def device_type(model: nn.Module) -> str:
+    """The model's device type: an accelerator's where any tensor is on one, else "cpu"."""
+    tensors = [*model.parameters(), *model.buffers()]
+    accelerators = sorted({t.device.type for t in tensors} - {"cpu", "meta"})
+    return accelerators[0] if accelerators else "cpu"
+
+
+def pattern_texts(patterns: Sequence[re.Pattern[str]]) -> list[str]:
+    """The regexes' texts, for messages."""
+    return [pattern.pattern for pattern in patterns]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,7 +27,7 @@ def watch(
     types: tuple[type[nn.Module], ...] | None = None,
     stats: object = None,
     histogram: object = "log2",
-    alerts: bool = True,
+    alerts: bool | str | dict[str, Any] = True,
     sinks: Sequence[Sink] = (),
 ) -> Scope:
     """Record statistics of every layer of ``model`` while it trains.
@@ -56,8 +57,10 @@ def watch(
             ``{name: fn}`` to add custom ones, ``fn(tensor)`` returning a scalar or a 1-D
             tensor (merged by numel-weighted mean); or a list of names and a dict.
         histogram: ``"log2"`` (range-free magnitude bins), ``("linear", lo, hi, bins)`` or None.
-        alerts: health rules; none ship in this version, so only ``True`` and ``False`` are
-            accepted and nothing is checked yet.
+        alerts: health rules, run off the training thread: True for all of them with their
+            defaults, False for none, ``{rule: False | {option: value}}`` to leave out or tune
+            each (``layerscope.health.RULES`` names them). An alert is a row of the run's
+            ``alerts`` table and a line of the ``layerscope`` logger.
         sinks: extra outputs, e.g. ``layerscope.sinks.TensorBoard("tb/")``.
 
     Returns:
@@ -82,8 +85,6 @@ def watch(
     model = check_model(model)
     optimizers = parse_optimizers(optimizer)
     checked_sinks = _check_sinks(sinks)
-    if not isinstance(alerts, bool):
-        raise ValueError(f"alerts: expected True or False in this version, got {alerts!r}")
     config = WatchConfig.from_arguments(
         has_optimizer=bool(optimizers),
         every=every,
@@ -93,6 +94,7 @@ def watch(
         types=types,
         stats=stats,
         histogram=histogram,
+        alerts=alerts,
     )
     store = None
     if run is not None:

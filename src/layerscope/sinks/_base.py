@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from layerscope._modules import CallEvent, ModuleInfo
 from layerscope._ranks import ProcessRank
+from layerscope.health._alert import Alert
 from layerscope.sinks._rows import StatsRows
 
 
@@ -57,11 +58,12 @@ class RunSummary:
 
 @dataclass(slots=True)
 class Records:
-    """Finalised rows of one flush: statistics, scalars, and the call order once."""
+    """Finalised rows of one flush: statistics, scalars, alerts, and the call order once."""
 
     stats: StatsRows | None = None
     scalars: list[tuple[int, str, float]] = field(default_factory=list)
     calls: list[CallEvent] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)  # the health rules' findings
 
 
 @runtime_checkable

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from layerscope._modules import CallEvent
+from layerscope.health._alert import Alert
 from layerscope.sinks._base import Records, RunInfo, RunSummary
 from layerscope.sinks._rows import StatsRows
 
@@ -26,6 +27,7 @@ class MemorySink:
         self.chunks: list[StatsRows] = []
         self.scalars: list[tuple[int, str, float]] = []
         self.calls: list[CallEvent] = []
+        self.alerts: list[Alert] = []
         self.summary: RunSummary | None = None
 
     def start(self, info: RunInfo) -> None:
@@ -38,6 +40,7 @@ class MemorySink:
             self.chunks.append(records.stats)
         self.scalars.extend(records.scalars)
         self.calls.extend(records.calls)
+        self.alerts.extend(records.alerts)
 
     def flush(self) -> None:
         """Nothing to flush: records are visible as soon as written."""

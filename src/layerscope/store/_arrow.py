@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from layerscope._identities import Identities
 from layerscope._modules import CallEvent
+from layerscope.health._alert import Alert
 from layerscope.sinks._rows import StatsRows
 from layerscope.store._arrays import float_lists, floats, lists, numeric, strings
 
@@ -29,10 +30,14 @@ SCALARS_SCHEMA = pa.schema(
 ALERTS_SCHEMA = pa.schema(
     [
         ("step", pa.int64()),
+        ("phase", pa.string()),
         ("rule", pa.string()),
         ("module", pa.string()),
         ("kind", pa.string()),
+        ("tensor", pa.string()),
         ("severity", pa.string()),
+        ("value", pa.float64()),
+        ("threshold", pa.float64()),
         ("message", pa.string()),
         ("rank", pa.int32()),
     ]
@@ -248,6 +253,24 @@ def scalars_table(rows: list[tuple[int, str, float]], rank: int) -> pa.Table:
         numeric(np.full(len(rows), rank), pa.int32()),
     ]
     return pa.table(columns, schema=SCALARS_SCHEMA)
+
+
+def alerts_table(alerts: list[Alert], rank: int) -> pa.Table:
+    """Alerts of rank ``rank`` as an Arrow table."""
+    columns = [
+        numeric(np.array([a.step for a in alerts], dtype=np.int64), pa.int64()),
+        strings([a.phase for a in alerts]),
+        strings([a.rule for a in alerts]),
+        strings([a.module for a in alerts]),
+        strings([a.kind for a in alerts]),
+        strings([a.tensor for a in alerts]),
+        strings([a.severity for a in alerts]),
+        floats([a.value for a in alerts]),
+        floats([a.threshold for a in alerts]),
+        strings([a.message for a in alerts]),
+        numeric(np.full(len(alerts), rank), pa.int32()),
+    ]
+    return pa.table(columns, schema=ALERTS_SCHEMA)
 
 
 def calls_table(calls: list[CallEvent], rank: int) -> pa.Table:

@@ -205,7 +205,7 @@ class ParquetStore:
 
     def write(self, records: Records) -> None:
         """Convert the records to Arrow; they are written at the next flush."""
-        from layerscope.store._arrow import calls_table, scalars_table, stats_table
+        from layerscope.store._arrow import alerts_table, calls_table, scalars_table, stats_table
 
         if self._discarded:
             return
@@ -215,6 +215,8 @@ class ParquetStore:
         if records.scalars:
             self._pending["scalars"].append(scalars_table(records.scalars, self._rank()))
             self._steps = max(self._steps, max(step for step, _, _ in records.scalars) + 1)
+        if records.alerts:
+            self._pending["alerts"].append(alerts_table(records.alerts, self._rank()))
         if records.calls:
             self._calls = calls_table(records.calls, self._rank())
 

@@ -1,0 +1,21 @@
+"""Health rules: which layer went wrong, and when.
+
+Rules run on the writer thread on each flush's finalised rows (and the sentinel's), never in
+the hot path. Each has thresholds and hysteresis, so one episode gives one alert: a row of the
+``alerts`` table and one log line on the training side (logger ``layerscope``).
+"""
+
+from layerscope.health._alert import SEVERITIES, Alert
+from layerscope.health._config import RULES, AlertsConfig, parse_alerts
+from layerscope.health._monitor import HealthMonitor
+from layerscope.health._update_ratio import left_out_of
+
+__all__ = [
+    "RULES",
+    "SEVERITIES",
+    "Alert",
+    "AlertsConfig",
+    "HealthMonitor",
+    "left_out_of",
+    "parse_alerts",
+]

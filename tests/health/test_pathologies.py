@@ -1,0 +1,158 @@
+"""Each planted pathology is found by the right rule, at the right module and step; a healthy
+run raises no alert at warning level."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from pathologies import BlowUp, NaNInBackward, mlp, train
+from torch import nn
+
+import layerscope
+
+
+def _alerts(scope: layerscope.Scope, rule: str | None = None):
+    alerts = scope.frame("alerts")
+    return alerts if rule is None else alerts[alerts.rule == rule]
+
+
+def test_a_division_by_zero_is_found_at_its_step_and_module_by_the_sentinel():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), BlowUp(at=13), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1)
+    )
+    schedule = layerscope.Schedule(every=10, sentinel=True)  # step 13 is not recorded
+    scope = train(model, 20, every=schedule)
+    [alert] = _alerts(scope, "nonfinite").itertuples()
+    assert (alert.step, alert.module, alert.kind) == (13, "2", "activation")
+    assert alert.severity == "error"
+    assert "at step 13" in alert.message
+    assert "2 (BlowUp)" in alert.message
+
+
+def test_without_the_sentinel_the_alert_says_between_which_steps():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), BlowUp(at=13), nn.Linear(16, 1))
+    scope = train(model, 21, every=layerscope.Schedule(every=10, sentinel=False))
+    [alert] = _alerts(scope, "nonfinite").itertuples()
+    # Step 13 poisons the weights: step 20, the next recorded, is where it shows.
+    assert alert.step == 20
+    assert "between steps 11 and 20" in alert.message
+    assert "Schedule(sentinel=True)" in alert.message
+
+
+def test_a_backward_that_returns_nan_is_found_in_backward_order():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), NaNInBackward(at=4), nn.Tanh(),
+        nn.Linear(16, 1),
+    )  # fmt: skip
+    scope = train(model, 8)
+    [alert] = _alerts(scope, "nonfinite").itertuples()
+    assert alert.step == 4
+    # The NaN leaves NaNInBackward's backward: the gradient of the module before it is the
+    # first non-finite one in backward order.
+    assert (alert.module, alert.kind) == ("2", "grad")
+    assert "forward pass was finite" in alert.message
+    assert "3 (NaNInBackward)" in alert.message
+
+
+def test_a_relu_layer_driven_dead_is_found():
+    model = mlp([8, 32, 32, 1])
+    with torch.no_grad():
+        model[2].bias.fill_(-100.0)  # the second ReLU's inputs: all negative
+    scope = train(model, 6)
+    dead = _alerts(scope, "dead")
+    assert set(dead.module) == {"3"}
+    assert dead.step.tolist() == [2]  # three recorded steps in a row: 0, 1 and 2
+    assert (dead.value >= 0.99).all()
+
+
+def test_a_deep_sigmoid_stack_has_vanishing_gradients_in_its_first_layers():
+    model = mlp([8] + [32] * 20 + [1], activation=nn.Sigmoid)
+    scope = train(model, 3)
+    vanishing = _alerts(scope, "vanishing_grad")
+    layers = {int(module) for module in vanishing.module}
+    assert 0 in layers  # the first layers: modules 0 to 40, Linear at even places
+    assert max(layers) <= 30  # not the last ones, whose gradients are those of the loss
+    assert not len(_alerts(scope, "exploding_grad"))
+
+
+def test_a_deep_linear_stack_with_too_large_weights_has_exploding_gradients():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(32, 32, bias=False) for _ in range(12)])
+    with torch.no_grad():
+        for layer in model:
+            nn.init.normal_(layer.weight, std=0.6)  # gain about 3.4 a layer
+    scope = train(model, 3, inputs=32, optimizer=torch.optim.SGD(model.parameters(), lr=0.0))
+    exploding = _alerts(scope, "exploding_grad")
+    assert "0" in set(exploding.module)  # the first layer's gradient is the largest
+    assert not len(_alerts(scope, "vanishing_grad"))
+
+
+def test_a_layer_left_out_of_the_optimizer_has_an_update_ratio_of_zero():
+    model = mlp([8, 16, 16, 1])
+    kept = [p for name, p in model.named_parameters() if not name.startswith("2.")]
+    scope = train(model, 4, optimizer=torch.optim.Adam(kept, lr=1e-3))
+    ratio = _alerts(scope, "update_ratio")
+    assert set(zip(ratio.module, ratio.tensor, strict=True)) == {("2", "weight"), ("2", "bias")}
+    assert (ratio.value == 0.0).all()
+    assert ratio.step.min() == 1  # two recorded steps in a row: 0 and 1
+    assert "optimizer's parameter groups" in ratio.message.iloc[0]
+
+
+def test_measured_update_ratios_far_too_large_are_found():
+    model = mlp([8, 16, 1])
+    optimizer = torch.optim.SGD(model.parameters(), lr=5.0)
+    scope = train(model, 4, optimizer=optimizer, capture=("weight", "update"))
+    ratio = _alerts(scope, "update_ratio")
+    assert len(ratio)
+    assert (ratio.value > 0.1).all()
+
+
+def test_an_activation_whose_scale_grows_a_hundredfold_is_found():
+    model = mlp([8, 16, 16, 1])
+    with layerscope.watch(model, every=1) as scope:
+        for _ in range(8):
+            with torch.no_grad():
+                model[0].weight.mul_(3.0)  # a runaway layer: 3**5 = 243 by step 5
+            model(torch.randn(32, 8)).sum().backward()
+            model.zero_grad()
+            scope.step()
+    drift = _alerts(scope, "activation_drift")
+    assert "0" in set(drift.module)
+    first = drift[drift.module == "0"].step.min()
+    # Against step 0: 3**4 = 81 at step 4; 243 at step 5 and 729 at 6, two in a row.
+    assert first == 6
+    assert drift[drift.module == "0"].value.iloc[0] > 100
+
+
+def test_a_loss_spike_names_the_layer_that_moved_first():
+    model = mlp([8, 16, 16, 1])
+    generator = torch.Generator().manual_seed(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with layerscope.watch(model, optimizer=optimizer, every=1) as scope:
+        for step in range(40):
+            if step == 30:
+                with torch.no_grad():
+                    model[2].weight.mul_(20.0)  # the middle layer goes wrong first
+            x = torch.randn(32, 8, generator=generator)
+            loss = (model(x) - x[:, :1]).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scope.step(loss=loss)
+    [spike] = _alerts(scope, "loss_spike").itertuples()
+    assert spike.step == 30
+    assert spike.module == "2"
+    assert "spiked at step 30" in spike.message
+
+
+def test_a_healthy_model_trained_with_adam_raises_no_warning(caplog):
+    model = mlp([8, 32, 32, 1], activation=nn.GELU)
+    with caplog.at_level(logging.INFO, logger="layerscope"):
+        scope = train(model, 60, optimizer=torch.optim.Adam(model.parameters(), lr=1e-3))
+    alerts = _alerts(scope)
+    assert alerts[alerts.severity != "info"].empty, alerts.message.tolist()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
