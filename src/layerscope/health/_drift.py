@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any, ClassVar
 
 from layerscope.health._alert import Alert
@@ -11,18 +12,23 @@ from layerscope.health._readings import ModuleOrder, StepView
 
 
 class ActivationDrift:
-    """The root mean square of each output against its first recorded training step's.
+    """The root mean square of each output against its start.
+
+    The start is the median over its first ``baseline`` recorded training steps: a layer
+    initialised near zero (a classifier's logits) grows fast in its first steps, as it should.
 
     Options: ``factor`` (100: that many times larger or smaller), ``steps`` (2 recorded steps
-    in a row); back within ``sqrt(factor)`` of the start clears it.
+    in a row), ``baseline`` (5); back within ``sqrt(factor)`` of the start clears it.
     """
 
     name = "activation_drift"
-    defaults: ClassVar[dict[str, Any]] = {"factor": 100.0, "steps": 2}
+    defaults: ClassVar[dict[str, Any]] = {"factor": 100.0, "steps": 2, "baseline": 5}
 
-    def __init__(self, order: ModuleOrder, factor: float, steps: float) -> None:
+    def __init__(self, order: ModuleOrder, factor: float, steps: float, baseline: float) -> None:
         self._order = order
         self._factor = factor
+        self._baseline = max(int(baseline), 1)
+        self._first: dict[tuple[str, str], list[tuple[int, float]]] = {}
         self._episodes = Episodes(patience=int(steps), recovery=int(steps))
         self._start: dict[tuple[str, str], tuple[int, float]] = {}
 
@@ -36,7 +42,15 @@ class ActivationDrift:
             if reading.nonfinite or not rms > 0:
                 continue
             key = (reading.module, reading.tensor)
-            start_step, start = self._start.setdefault(key, (view.step, rms))
+            if key not in self._start:
+                first = self._first.setdefault(key, [])
+                first.append((view.step, rms))
+                if len(first) == self._baseline:
+                    steps = [step for step, _ in first]
+                    self._start[key] = (steps[0], statistics.median(s for _, s in first))
+                    del self._first[key]
+                continue
+            start_step, start = self._start[key]
             change = rms / start
             holds = change > self._factor or change < 1 / self._factor
             clear = 1 / math.sqrt(self._factor) < change < math.sqrt(self._factor)
@@ -58,8 +72,8 @@ class ActivationDrift:
                         f"the output {reading.tensor} of {name} "
                         f"({self._order.type_of(reading.module)}) has "
                         f"{'grown' if change > 1 else 'shrunk'} {max(change, 1 / change):.3g} "
-                        f"times in scale since step {start_step} (root mean square {start:.3g} "
-                        f"then, {rms:.3g} at step {view.step})"
+                        f"times in scale since its first recorded steps (root mean square "
+                        f"{start:.3g} from step {start_step} on, {rms:.3g} at step {view.step})"
                     ),
                 )
             )

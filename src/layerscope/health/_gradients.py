@@ -10,8 +10,8 @@ the ``dead`` rule (no gradient flows through dead units) and to ``update_ratio``
 
 from __future__ import annotations
 
+import bisect
 import math
-import statistics
 from typing import Any, ClassVar
 
 from layerscope.health._alert import Alert
@@ -69,11 +69,13 @@ class Gradients:
                 ),
                 key=lambda layer: self._order.forward(layer[0].module),
             )
-            for i, (reading, rms) in enumerate(layers):
-                # Gradients flow from the loss back: a layer is compared with those after it.
-                after = [scale for _, scale in layers[i + 1 :]]
-                median = statistics.median(after) if len(after) >= 2 else math.nan
+            # Gradients flow from the loss back: a layer is compared with those after it, whose
+            # scales are kept sorted while walking from the last layer to the first.
+            after: list[float] = []
+            for reading, rms in reversed(layers):
+                median = _median(after) if len(after) >= 2 else math.nan
                 alerts += self._judge(view, reading, rms, median, len(after))
+                bisect.insort(after, rms)
         return alerts
 
     def _judge(
@@ -125,3 +127,10 @@ class Gradients:
                 )
             )
         return found
+
+
+def _median(ordered: list[float]) -> float:
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2

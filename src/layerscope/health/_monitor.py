@@ -41,6 +41,8 @@ class HealthMonitor:
     ) -> None:
         self.order = ModuleOrder(modules)
         self.seconds = 0.0  # the writer thread's time in the rules
+        self.flushes = 0  # flushes whose rows the rules read
+        self.rows = 0
         self.config = config
         rules = config.rules
         self._rules: list[NonFinite | Dead | Gradients | UpdateRatio | ActivationDrift] = []
@@ -87,6 +89,8 @@ class HealthMonitor:
     ) -> list[Alert]:
         """The alerts of one flush: its statistics' rows, then its scalars."""
         started = time.thread_time()
+        self.flushes += 1
+        self.rows += sum(len(chunk) for chunk in chunks)
         alerts: list[Alert] = []
         for view in step_views(chunks):
             for rule in self._rules:

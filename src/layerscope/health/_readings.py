@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from layerscope._modules import CallEvent, ModuleInfo
 from layerscope.sinks._rows import StatsRows
@@ -19,60 +18,77 @@ from layerscope.sinks._rows import StatsRows
 USED = ("numel", "mean", "std", "min", "max", "absmax", "l2", "zero_frac", "nan_count", "inf_count")
 
 
-@dataclass(frozen=True, slots=True)
 class Reading:
-    """One row: a tensor of a module at a step, and its statistics (NaN where not kept)."""
+    """One row: a tensor of a module at a step, and its statistics (NaN where not kept).
 
-    step: int
-    phase: str
-    module: str
-    kind: str
-    tensor: str
-    call: int
-    sentinel: bool  # the sentinel's row: only numel, min, max and absmax
-    stats: dict[str, float]
+    ``rms`` (the root mean square of the finite elements: the tensor's scale, whatever its
+    size) and ``nonfinite`` (whether it holds NaN or Inf, where the row can tell) are worked
+    out once: every rule asks.
+    """
+
+    __slots__ = (
+        "call", "kind", "module", "nonfinite", "phase", "rms", "sentinel", "stats", "step",
+        "tensor",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        step: int,
+        phase: str,
+        module: str,
+        kind: str,
+        tensor: str,
+        call: int,
+        sentinel: bool,  # the sentinel's row: only numel, min, max and absmax
+        stats: dict[str, float],
+    ) -> None:
+        self.step = step
+        self.phase = phase
+        self.module = module
+        self.kind = kind
+        self.tensor = tensor
+        self.call = call
+        self.sentinel = sentinel
+        self.stats = stats
+        numel = stats.get("numel", math.nan)
+        self.rms = stats.get("l2", math.nan) / math.sqrt(numel) if numel > 0 else math.nan
+        self.nonfinite = _nonfinite(stats, sentinel)
 
     def get(self, name: str) -> float:
         """A statistic, NaN where the run does not keep it."""
         return self.stats.get(name, math.nan)
 
-    @property
-    def rms(self) -> float:
-        """Root mean square of the finite elements: the tensor's scale, whatever its size."""
-        numel, l2 = self.get("numel"), self.get("l2")
-        return l2 / math.sqrt(numel) if numel > 0 else math.nan
 
-    @property
-    def nonfinite(self) -> bool:
-        """Whether the tensor holds NaN or Inf, where the row can tell."""
-        nan, inf = self.get("nan_count"), self.get("inf_count")
-        if not (math.isnan(nan) and math.isnan(inf)):
-            return (0 if math.isnan(nan) else nan) + (0 if math.isnan(inf) else inf) > 0
-        # The sentinel's extremes are torch.aminmax's: NaN anywhere makes them NaN.
-        low, high = self.get("min"), self.get("max")
-        return (
-            self.sentinel
-            and self.get("numel") > 0
-            and not (math.isfinite(low) and math.isfinite(high))
-        )
+def _nonfinite(stats: dict[str, float], sentinel: bool) -> bool:
+    nan, inf = stats.get("nan_count"), stats.get("inf_count")
+    if nan is not None or inf is not None:
+        return (nan or 0) + (inf or 0) > 0
+    # The sentinel's extremes are torch.aminmax's: NaN anywhere makes them NaN.
+    low, high = stats.get("min", math.nan), stats.get("max", math.nan)
+    return (
+        sentinel and stats.get("numel", 0) > 0 and not (math.isfinite(low) and math.isfinite(high))
+    )
 
 
-@dataclass(frozen=True, slots=True)
 class StepView:
     """Every row of one step and phase that a flush brought."""
 
-    step: int
-    phase: str
-    readings: list[Reading]
+    __slots__ = ("_first_calls", "phase", "readings", "sentinel", "step")
 
-    @property
-    def sentinel(self) -> bool:
-        """Whether these are the sentinel's rows (an unrecorded step)."""
-        return bool(self.readings) and all(r.sentinel for r in self.readings)
+    def __init__(self, step: int, phase: str, readings: list[Reading]) -> None:
+        self.step = step
+        self.phase = phase
+        self.readings = readings
+        # Whether these are the sentinel's rows (an unrecorded step).
+        self.sentinel = bool(readings) and all(r.sentinel for r in readings)
+        self._first_calls: dict[str, list[Reading]] = defaultdict(list)
+        for reading in readings:
+            if reading.call == 0:
+                self._first_calls[reading.kind].append(reading)
 
     def first_calls(self, kind: str) -> list[Reading]:
         """The rows of ``kind``, each tensor's first call only."""
-        return [r for r in self.readings if r.kind == kind and r.call == 0]
+        return self._first_calls.get(kind, [])
 
 
 def step_views(chunks: Iterable[StatsRows]) -> list[StepView]:
@@ -81,20 +97,21 @@ def step_views(chunks: Iterable[StatsRows]) -> list[StepView]:
     for chunk in chunks:
         if not len(chunk):
             continue
-        keys = chunk.key_columns()
-        kept = {name: chunk.stats[name].tolist() for name in USED if name in chunk.stats}
-        for i, step in enumerate(keys["step"]):
-            reading = Reading(
-                step=step,
-                phase=keys["phase"][i],
-                module=keys["module"][i],
-                kind=keys["kind"][i],
-                tensor=keys["tensor"][i],
-                call=keys["call"][i],
-                sentinel=chunk.sentinel,
-                stats={name: float(values[i]) for name, values in kept.items()},
-            )
-            grouped[step, reading.phase].append(reading)
+        # Each identity decoded once, not once a row.
+        table = chunk.identities.identities
+        decoded = {
+            code: (i.phase, i.module, i.kind.value, i.tensor, i.call)
+            for code in set(chunk.identity.tolist())
+            for i in (table[code],)
+        }
+        names = [name for name in USED if name in chunk.stats]
+        values = zip(*(chunk.stats[name].tolist() for name in names), strict=True)
+        rows = zip(chunk.step.tolist(), chunk.identity.tolist(), values, strict=True)
+        for step, code, row in rows:
+            phase, module, kind, tensor, call = decoded[code]
+            stats = dict(zip(names, row, strict=True))
+            reading = Reading(step, phase, module, kind, tensor, call, chunk.sentinel, stats)
+            grouped[step, phase].append(reading)
     order = sorted(grouped, key=lambda key: (key[0], key[1] != "train"))
     return [StepView(step, phase, grouped[step, phase]) for step, phase in order]
 

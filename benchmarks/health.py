@@ -1,0 +1,130 @@
+"""Health rules on healthy runs: the alerts they raise there, and what they cost the writer.
+
+    python benchmarks/health.py            # prints the table
+    python benchmarks/health.py --write    # also updates its section of BENCHMARKS.md
+
+Each workload of the overhead benchmark (random data, AdamW at 1e-3) and the digits example's
+CNN (scikit-learn's digits, Adam at 3e-3, as ``examples/digits.py``) trains ``--steps`` steps
+watched with the defaults and every step recorded (``every=1``: the most rows for the rules to
+read). An alert on these runs is a false alarm, unless it is "info". The rules' cost is the
+writer thread's CPU time in them, per flush (a flush holds 10 recorded steps by default) and
+per row of statistics they read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
+import layerscope
+import report  # run as a script
+from workloads import WORKLOADS
+
+
+def _digits() -> tuple[nn.Module, torch.optim.Optimizer, object]:
+    import digits  # examples/digits.py
+
+    train_x, train_y, _, _ = digits.load()
+    model = digits.make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(0))
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        chosen = order.roll(-64 * step)[:64]
+        return train_x[chosen], train_y[chosen]
+
+    return model, optimizer, (batch, nn.functional.cross_entropy)
+
+
+def run(name: str, steps: int) -> dict[str, object]:
+    torch.manual_seed(0)
+    if name == "digits":
+        model, optimizer, (batch, loss_fn) = _digits()  # type: ignore[misc]
+    else:
+        workload = WORKLOADS[name]
+        model = workload.make_model()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        generator = torch.Generator().manual_seed(0)
+
+        def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return workload.make_batch(generator)
+
+        loss_fn = workload.loss
+    started = time.perf_counter()
+    with layerscope.watch(model, optimizer=optimizer, every=1) as scope:
+        for step in range(steps):
+            x, y = batch(step)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scope.step(loss=loss)
+        monitor = scope._pipeline.health  # the writer's rules, to read their cost
+        assert monitor is not None
+    took = time.perf_counter() - started
+    alerts = scope.frame("alerts")
+    alarms = alerts[alerts.severity != "info"]
+    return {
+        "name": name,
+        "modules": len(scope.modules),
+        "alarms": [f"{a.rule} {a.module} step {a.step}" for a in alarms.itertuples()],
+        "flushes": monitor.flushes,
+        "per_flush_ms": 1e3 * monitor.seconds / max(monitor.flushes, 1),
+        "per_row_us": 1e6 * monitor.seconds / max(monitor.rows, 1),
+        "rows_per_flush": monitor.rows / max(monitor.flushes, 1),
+        "share": monitor.seconds / took,
+    }
+
+
+def table(results: list[dict[str, object]]) -> str:
+    lines = [
+        "| run | false alarms (warning or error) | rules' writer time per flush | per row "
+        "| rows per flush | share of the run's wall time |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        alarms = r["alarms"]
+        shown = "none" if not alarms else f"{len(alarms)}: " + "; ".join(alarms[:4])  # type: ignore[arg-type, index]
+        lines.append(
+            f"| {r['name']} | {shown} | {r['per_flush_ms']:.2f} ms | {r['per_row_us']:.1f} us "
+            f"| {r['rows_per_flush']:.0f} | {r['share']:.2%} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument(
+        "--runs", nargs="*", default=["cnn", "gpt", "mlp", "scale", "digits"],
+        choices=[*WORKLOADS, "digits"],
+    )  # fmt: skip
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    results = []
+    for name in args.runs:
+        results.append(run(name, args.steps))
+        print(f"{name}: done", file=sys.stderr)
+    text = table(results)
+    print(text)
+    if args.write:
+        report.replace_section(
+            "Health rules on healthy runs (CPU)",
+            f"Machine: {report.machine(torch.get_num_threads())}. Command: "
+            f"`{report.command('health.py')}`. {args.steps} steps of each run, every step "
+            "recorded, the default rules. The overhead benchmark's workloads train on random "
+            "data with AdamW at 1e-3; digits is examples/digits.py's CNN on scikit-learn's "
+            "digits with Adam at 3e-3. The rules run on the writer thread; their time there is "
+            "not on the training thread.\n\n" + text,
+        )
+
+
+if __name__ == "__main__":
+    main()
