@@ -78,7 +78,7 @@ class NonFinite:
             if first.kind == "input":
                 return first, f"the input of {self._named(first.module)} is already non-finite"
             return first, (
-                f"the output of {self._named(first.module)} ({first.tensor}) is the first "
+                f"the output {first.tensor} of {self._named(first.module)} is the first "
                 "non-finite one in forward order"
             )
         backward = sorted(
