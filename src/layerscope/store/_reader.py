@@ -159,7 +159,11 @@ class Run:
 
     @property
     def alerts(self) -> pandas.DataFrame:
-        """step, rule, module, kind, severity, message, rank."""
+        """The health rules' alerts, one row each.
+
+        Columns: step, phase, rule, module, kind, tensor, severity, value, threshold, message,
+        rank.
+        """
         return self._frame("alerts")
 
     @property

@@ -1,0 +1,52 @@
+"""Opening runs for a command: what cannot be opened becomes one line for the user, no trace."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas
+
+    from layerscope.store import Run
+
+# What the reader raises for a path that holds no readable run (a missing folder, a file, a
+# run of a newer layerscope, a run.json that is not JSON); other errors are bugs and keep
+# their traceback.
+_NOT_A_RUN = (OSError, ValueError, TypeError)
+# The reader's messages start with the argument they blame ("path: no run at ..."); on the
+# command line the path is the argument, so the prefix says nothing.
+_ARGUMENT_PREFIX = re.compile(r"^(path|root): ")
+
+
+class CommandError(Exception):
+    """A failure the command reports in one line on stderr, exiting with status 2."""
+
+
+def open_run(path: str) -> Run:
+    """``layerscope.load(path)``, or a CommandError saying in one line why there is no run."""
+    from layerscope.store import load
+
+    try:
+        return load(path)
+    except _NOT_A_RUN as error:
+        raise CommandError(_one_line(error, path)) from None
+
+
+def list_runs(root: str) -> pandas.DataFrame:
+    """``layerscope.runs(root)``, or a CommandError saying in one line why it cannot be."""
+    from layerscope.store import runs
+
+    try:
+        return runs(root)
+    except _NOT_A_RUN as error:
+        raise CommandError(_one_line(error, root)) from None
+
+
+def _one_line(error: BaseException, path: str) -> str:
+    """The first line of ``error``'s message, saying which path it is about."""
+    if isinstance(error, OSError) and error.strerror and error.filename is not None:
+        return f"{error.strerror}: {error.filename}"  # "Permission denied: runs/a/run.json"
+    lines = _ARGUMENT_PREFIX.sub("", str(error)).splitlines()
+    line = lines[0] if lines and lines[0] else type(error).__name__
+    return line if path in line else f"{path}: {line}"  # a run.json that is not JSON, say

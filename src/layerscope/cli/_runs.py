@@ -1,0 +1,86 @@
+"""``layerscope runs [DIR]``: the runs under a folder, their status, steps and alerts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TYPE_CHECKING, Any
+
+from layerscope.cli import _format
+from layerscope.cli._console import Column, Table, open_output
+from layerscope.cli._open import list_runs
+
+if TYPE_CHECKING:
+    from layerscope.cli._command import Subparsers
+
+STATUS_STYLES = {"crashed": "bold red", "failed": "red", "running": "cyan", "finished": "green"}
+
+
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
+    """Add ``runs``' parser."""
+    parser = subparsers.add_parser(
+        "runs",
+        help="the runs under a folder",
+        description="List the runs directly under DIR: name, status, steps, ranks, start "
+        "time and number of alerts. A run marked running whose writer stopped shows crashed.",
+    )
+    parser.add_argument(
+        "dir", nargs="?", default="runs", metavar="DIR", help="the folder (default: runs)"
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the runs under ``args.dir``."""
+    listed = list_runs(args.dir)
+    output = open_output(args.plain)
+    if listed.empty:
+        output.line(f"no runs under {args.dir}")
+        return 0
+    records = listed.to_dict("records")
+    # A run's name is its folder's unless watch() was given another: then say where it is.
+    renamed = any(record["name"] != _folder(record["path"]) for record in records)
+    columns = [
+        Column("name"),
+        Column("status"),
+        Column("steps", numeric=True),
+        Column("ranks", numeric=True),
+        Column("started"),
+        Column("alerts", numeric=True),
+    ]
+    table = Table(f"runs under {args.dir}", columns + ([Column("path")] if renamed else []))
+    for record in records:
+        cells = [
+            _format.text(record["name"]),
+            _format.text(record["status"]),
+            _format.number(record["steps"]),
+            _format.number(record["ranks"]),
+            _time(record["started"]),
+            _alert_count(record["path"]),
+        ]
+        table.add(
+            cells + ([record["path"]] if renamed else []), STATUS_STYLES.get(record["status"])
+        )
+    output.table(table)
+    return 0
+
+
+def _alert_count(path: str) -> str:
+    """How many alerts the run has: its alerts table alone is read, a few small files."""
+    from layerscope.store import load
+
+    try:
+        return str(len(load(path).alerts))
+    except (OSError, ValueError):  # removed or damaged since it was listed
+        return _format.MISSING
+
+
+def _time(value: Any) -> str:
+    """A pandas Timestamp (UTC) to the second; ``-`` for none (NaT is not equal to itself)."""
+    if value is None or value != value:
+        return _format.MISSING
+    return str(value.strftime("%Y-%m-%d %H:%M:%S UTC"))
+
+
+def _folder(path: str) -> str:
+    return os.path.basename(path.rstrip("/"))

@@ -1,0 +1,186 @@
+"""``layerscope summary RUN``: what the run is and cost, each layer's statistics, its alerts."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import TYPE_CHECKING, Any
+
+from layerscope.cli import _format, _queries
+from layerscope.cli._alerts import alerts_table, count_line, severity_counts
+from layerscope.cli._console import Output, open_output
+from layerscope.cli._layer_table import OVERVIEW, layers_table, measures_of
+from layerscope.cli._layers import module_types
+from layerscope.cli._open import open_run
+
+if TYPE_CHECKING:
+    from layerscope.cli._command import Subparsers
+    from layerscope.store import Run
+
+_SCALARS_SHOWN = 10  # a run logging hundreds of scalars still gets a short summary
+
+
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
+    """Add ``summary``'s parser."""
+    parser = subparsers.add_parser(
+        "summary",
+        help="a run's metadata, cost, per-layer statistics and alerts",
+        description=(
+            "Show a run (finished, running or crashed): its metadata and layerscope's cost, "
+            "each layer in model order with its latest statistics and their trend since the "
+            "first recorded step, and its alerts."
+        ),
+    )
+    parser.add_argument("run", help="the run's directory (or fsspec URL)")
+    parser.add_argument("--phase", default="train", help="train (default) or eval")
+    parser.add_argument(
+        "--kind",
+        action="append",
+        choices=_queries.KIND_NAMES,
+        help="show mean, std, absmax, l2 and zero fraction of this kind (repeatable)",
+    )
+    parser.add_argument("--rank", type=int, help="the rank to show (default: the lowest)")
+    parser.add_argument(
+        "--alerts", type=int, default=20, metavar="N", help="show the first N alerts (0: all)"
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the summary of ``args.run``."""
+    opened = open_run(args.run)
+    output = open_output(args.plain)
+    output.fields("run", run_fields(opened))
+    output.fields("cost", cost_fields(opened.meta))
+    scalars = scalar_fields(opened)
+    if scalars:
+        output.fields("logged scalars: latest (first)", scalars)
+    show_layers(output, opened, args)
+    counts = severity_counts(opened)
+    output.line(count_line(counts))
+    if counts:
+        limit = args.alerts if args.alerts > 0 else None
+        output.table(alerts_table(opened, limit))
+        if limit is not None and limit < sum(counts.values()):
+            output.line(f"... the first {limit} shown; --alerts 0 shows them all")
+    return 0
+
+
+def run_fields(run: Run) -> list[tuple[str, str]]:
+    """Name, status, steps, ranks, times, host, versions, kernel and capture of a run."""
+    meta = run.meta
+    versions = meta.get("versions") or {}
+    fields = [
+        ("name", _format.text(meta.get("name"))),
+        ("path", run.path),
+        ("status", _status(meta)),
+        ("steps", _format.number(meta.get("steps"))),
+        ("ranks", _ranks(meta)),
+        ("started", _format.timestamp(meta.get("started"))),
+        ("ended", _ended(meta)),
+    ]
+    if meta.get("status") in ("running", "crashed"):
+        fields.append(("updated", _ago(meta.get("updated"))))
+    fields += [
+        (
+            "host",
+            f"{meta.get('host', '-')} (user {meta.get('user') or '-'}, pid {meta.get('pid')})",
+        ),
+        ("versions", ", ".join(f"{name} {version}" for name, version in versions.items())),
+        ("kernel", _format.text(meta.get("kernel"))),
+        ("capture", ", ".join((meta.get("config") or {}).get("capture", ())) or "-"),
+    ]
+    return fields
+
+
+def cost_fields(meta: dict[str, Any]) -> list[tuple[str, str]]:
+    """What layerscope cost the training: time, dropped rows and scalars, failures."""
+
+    def count(name: str) -> str:
+        return _format.number(meta.get(name))
+
+    return [
+        ("training thread", f"{_seconds(meta.get('cost_seconds'))} in hooks and flushes"),
+        ("writer thread", f"{_seconds(meta.get('writer_seconds'))} of CPU"),
+        (
+            "stats rows",
+            f"{count('recorded_rows')} recorded, {count('written_rows')} written, "
+            f"{count('dropped_rows')} dropped",
+        ),
+        ("scalars", f"{count('written_scalars')} written, {count('dropped_scalars')} dropped"),
+        ("failures", count("failures")),
+    ]
+
+
+def scalar_fields(run: Run) -> list[tuple[str, str]]:
+    """Each scalar's latest value and step, and its first value, for the lowest rank."""
+    frame = run.sql(
+        "select name, min(step) as first_step, max(step) as last_step, "
+        "arg_min(value, step) as earliest, arg_max(value, step) as latest from scalars "
+        f"where rank = {_queries.lowest_rank(run)} group by name order by name "
+        f"limit {_SCALARS_SHOWN}"
+    )
+    return [
+        (
+            _format.text(record.name),
+            f"{_format.number(record.latest)} at step {_format.number(record.last_step)} "
+            f"({_format.number(record.earliest)} at step {_format.number(record.first_step)})",
+        )
+        for record in frame.itertuples(index=False)
+    ]
+
+
+def show_layers(output: Output, run: Run, args: argparse.Namespace) -> None:
+    """The layers table of ``args.phase`` and ``args.rank``, or a line saying there is none."""
+    rank = _queries.lowest_rank(run) if args.rank is None else args.rank
+    trends = _queries.layer_trends(run, args.phase, rank)
+    where = f"phase {args.phase}, rank {rank}"
+    if trends.empty:
+        output.line(f"no statistics recorded for {where}")
+        return
+    first, last = int(trends.first_step.min()), int(trends.last_step.max())
+    steps = f"step {last}" if first == last else f"steps {first} to {last}"
+    title = f"layers ({where}, {steps}): latest value, x latest / first"
+    recorded = _queries.recorded(_queries.stats_columns(run))
+    measures = measures_of(args.kind) if args.kind else OVERVIEW
+    for kind in sorted(set(args.kind or ()) - set(trends.kind)):
+        output.line(f"no {kind} rows for {where}: see capture")
+    table = layers_table(trends, module_types(run), measures, recorded, title)
+    if table.rows:
+        output.table(table)
+
+
+def _status(meta: dict[str, Any]) -> str:
+    """The run's status; each rank's too where ranks differ."""
+    ranks = meta.get("ranks") or []
+    if len({entry["status"] for entry in ranks}) < 2:
+        return str(meta.get("status"))
+    each = ", ".join(f"rank {entry['rank']} {entry['status']}" for entry in ranks)
+    return f"{meta.get('status')} ({each})"
+
+
+def _ranks(meta: dict[str, Any]) -> str:
+    wrote = len(meta.get("ranks") or [])
+    world = meta.get("world_size")
+    return f"{wrote} of world size {world}" if world else str(wrote)
+
+
+def _ended(meta: dict[str, Any]) -> str:
+    started, ended = meta.get("started"), meta.get("ended")
+    if not isinstance(ended, int | float):
+        return _format.MISSING
+    if not isinstance(started, int | float):
+        return _format.timestamp(ended)
+    return f"{_format.timestamp(ended)} (after {_format.duration(ended - started)})"
+
+
+def _ago(updated: object) -> str:
+    """When the writer last renewed ``run.json``: a heartbeat long ago means a dead run."""
+    if not isinstance(updated, int | float):
+        return _format.MISSING
+    age = max(0.0, time.time() - updated)
+    return f"{_format.timestamp(updated)} ({_format.duration(age)} ago)"
+
+
+def _seconds(value: object) -> str:
+    return f"{_format.number(value)} s" if isinstance(value, int | float) else _format.MISSING
