@@ -5,15 +5,16 @@
 
 Each workload of the overhead benchmark (random data, AdamW at 1e-3) and the digits example's
 CNN (scikit-learn's digits, Adam at 3e-3, as ``examples/digits.py``) trains ``--steps`` steps
-watched with the defaults and every step recorded (``every=1``: the most rows for the rules to
-read). An alert on these runs is a false alarm, unless it is "info". The rules' cost is the
-writer thread's CPU time in them, per flush (a flush holds 10 recorded steps by default) and
-per row of statistics they read.
+watched with every kind captured (inputs, updates and buffers too) and every step recorded
+(``every=1``: the most rows for the rules to read). An alert on these runs is a false alarm,
+unless it is "info". The rules' cost is the writer thread's CPU time in them, per flush (a
+flush holds 10 recorded steps by default) and per row of statistics they read.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 import layerscope
 import report  # run as a script
 from workloads import WORKLOADS
+
+EVERY_KIND = ("activation", "grad", "weight", "weight_grad", "input", "update", "buffer")
 
 
 def _digits() -> tuple[nn.Module, torch.optim.Optimizer, object]:
@@ -58,7 +61,7 @@ def run(name: str, steps: int) -> dict[str, object]:
 
         loss_fn = workload.loss
     started = time.perf_counter()
-    with layerscope.watch(model, optimizer=optimizer, every=1) as scope:
+    with layerscope.watch(model, optimizer=optimizer, every=1, capture=EVERY_KIND) as scope:
         for step in range(steps):
             x, y = batch(step)
             loss = loss_fn(model(x), y)
@@ -81,6 +84,34 @@ def run(name: str, steps: int) -> dict[str, object]:
         "rows_per_flush": monitor.rows / max(monitor.flushes, 1),
         "share": monitor.seconds / took,
     }
+
+
+def raise_cost(rounds: int = 5, steps: int = 40) -> tuple[float, float]:
+    """Median unrecorded step of the MLP workload with the sentinel: alerts on, and "raise"."""
+    workload = WORKLOADS["mlp"]
+
+    def median_step(alerts: object) -> float:
+        torch.manual_seed(0)
+        model = workload.make_model()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        generator = torch.Generator().manual_seed(0)
+        schedule = layerscope.Schedule(every=10, sentinel=True)
+        times = []
+        with layerscope.watch(model, optimizer=optimizer, every=schedule, alerts=alerts):
+            for _ in range(steps):
+                started = time.perf_counter()
+                x, y = workload.make_batch(generator)
+                workload.loss(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                times.append(time.perf_counter() - started)
+        return statistics.median(t for i, t in enumerate(times) if i > 10 and i % 10)
+
+    on, raising = [], []
+    for _ in range(rounds):  # interleaved: the machine's speed drifts
+        on.append(median_step(True))
+        raising.append(median_step("raise"))
+    return statistics.median(on), statistics.median(raising)
 
 
 def table(results: list[dict[str, object]]) -> str:
@@ -113,13 +144,20 @@ def main() -> None:
         results.append(run(name, args.steps))
         print(f"{name}: done", file=sys.stderr)
     text = table(results)
+    on, raising = raise_cost()
+    text += (
+        f'\n\nalerts="raise" (one flag read back per step), the MLP workload with the sentinel, '
+        f"median unrecorded step: {1e3 * on:.1f} ms with alerts=True, {1e3 * raising:.1f} ms "
+        'with alerts="raise".'
+    )
     print(text)
     if args.write:
         report.replace_section(
             "Health rules on healthy runs (CPU)",
             f"Machine: {report.machine(torch.get_num_threads())}. Command: "
             f"`{report.command('health.py')}`. {args.steps} steps of each run, every step "
-            "recorded, the default rules. The overhead benchmark's workloads train on random "
+            "recorded with every kind (inputs, updates, buffers too), the default rules. The "
+            "overhead benchmark's workloads train on random "
             "data with AdamW at 1e-3; digits is examples/digits.py's CNN on scikit-learn's "
             "digits with Adam at 3e-3. The rules run on the writer thread; their time there is "
             "not on the training thread.\n\n" + text,

@@ -105,7 +105,8 @@ def test_a_layer_left_out_of_the_optimizer_has_an_update_ratio_of_zero():
 def test_measured_update_ratios_far_too_large_are_found():
     model = mlp([8, 16, 1])
     optimizer = torch.optim.SGD(model.parameters(), lr=5.0)
-    scope = train(model, 4, optimizer=optimizer, capture=("weight", "update"))
+    alerts = {"update_ratio": {"warmup": 0}}  # judged from the first step
+    scope = train(model, 4, optimizer=optimizer, capture=("weight", "update"), alerts=alerts)
     ratio = _alerts(scope, "update_ratio")
     assert len(ratio)
     assert (ratio.value > 0.1).all()
@@ -157,3 +158,28 @@ def test_a_healthy_model_trained_with_adam_raises_no_warning(caplog):
     alerts = _alerts(scope)
     assert alerts[alerts.severity != "info"].empty, alerts.message.tolist()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_parameters_that_start_at_zero_are_not_judged_in_their_first_steps():
+    # AdamW moves a zero-initialised bias by about its own size in its first steps.
+    model = mlp([8, 16, 16, 1], activation=nn.GELU)
+    with torch.no_grad():
+        for layer in model[::2]:
+            layer.bias.zero_()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scope = train(model, 30, optimizer=optimizer, capture=("weight", "update"))
+    assert _alerts(scope, "update_ratio").empty
+
+
+def test_an_additive_attention_mask_of_minus_inf_is_not_a_fault():
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(16, 2, batch_first=True)
+    mask = torch.triu(torch.full((6, 6), float("-inf")), diagonal=1)
+    attention.register_buffer("mask", mask)  # kept as a buffer too, as models keep theirs
+    capture = ("input", "activation", "buffer")
+    with layerscope.watch(attention, every=1, capture=capture) as scope:
+        for _ in range(3):
+            x = torch.randn(4, 6, 16)
+            attention(x, x, x, attn_mask=mask)[0].sum().backward()
+            scope.step()
+    assert _alerts(scope, "nonfinite").empty

@@ -52,11 +52,18 @@ class Reading:
         self.stats = stats
         numel = stats.get("numel", math.nan)
         self.rms = stats.get("l2", math.nan) / math.sqrt(numel) if numel > 0 else math.nan
-        self.nonfinite = _nonfinite(stats, sentinel)
+        # An input's or a buffer's -inf is an additive attention mask, not a fault: only
+        # their NaN counts.
+        masks = kind in ("input", "buffer")
+        self.nonfinite = _nonfinite(_nan_only(stats) if masks else stats, sentinel)
 
     def get(self, name: str) -> float:
         """A statistic, NaN where the run does not keep it."""
         return self.stats.get(name, math.nan)
+
+
+def _nan_only(stats: dict[str, float]) -> dict[str, float]:
+    return {name: value for name, value in stats.items() if name != "inf_count"}
 
 
 def _nonfinite(stats: dict[str, float], sentinel: bool) -> bool:

@@ -46,10 +46,17 @@ def left_out_of(
 
 
 class UpdateRatio:
-    """Options: ``low`` (1e-7), ``high`` (0.1), ``steps`` (2 recorded steps in a row)."""
+    """||update|| / ||weight|| of each parameter, or its being exactly zero.
+
+    Options: ``low`` (1e-7), ``high`` (0.1), ``steps`` (2 recorded steps in a row),
+    ``warmup`` (20). Measured ratios are judged from step ``warmup`` on: a parameter that
+    starts at zero (a bias, a LayerNorm's shift, a learned position table) has updates as
+    large as itself in its first steps, as it should. A ratio of exactly zero is judged at
+    once.
+    """
 
     name = "update_ratio"
-    defaults: ClassVar[dict[str, Any]] = {"low": 1e-7, "high": 0.1, "steps": 2}
+    defaults: ClassVar[dict[str, Any]] = {"low": 1e-7, "high": 0.1, "steps": 2, "warmup": 20}
 
     def __init__(
         self,
@@ -57,9 +64,11 @@ class UpdateRatio:
         low: float,
         high: float,
         steps: float,
+        warmup: float,
         left_out: frozenset[tuple[str, str]] | None = None,
     ) -> None:
         self._order = order
+        self._warmup = warmup
         # Parameters that need a gradient but are in no group of the optimizer watch() was
         # given; None: no optimizer was given, so unchanged weights tell instead.
         self._left_out = left_out
@@ -78,7 +87,7 @@ class UpdateRatio:
         alerts = []
         for key, weight in weights.items():
             ratio = self._ratio(key, weight, grads.get(key), updates.get(key))
-            if ratio is None:
+            if ratio is None or (ratio > 0 and view.step < self._warmup):
                 continue
             holds = ratio < self._low or ratio > self._high
             clear = self._low * 10 <= ratio <= self._high / 10
