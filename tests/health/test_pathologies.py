@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 from pathologies import BlowUp, NaNInBackward, mlp, train
 from torch import nn
@@ -183,3 +184,32 @@ def test_an_additive_attention_mask_of_minus_inf_is_not_a_fault():
             attention(x, x, x, attn_mask=mask)[0].sum().backward()
             scope.step()
     assert _alerts(scope, "nonfinite").empty
+
+
+def test_units_dead_for_the_whole_batch_are_found_with_the_dead_units_statistic():
+    model = mlp([8, 32, 32, 1])
+    with torch.no_grad():
+        model[2].bias[:16] = -100.0  # half the second ReLU's units never fire
+    stats = {"dead_units": layerscope.health.dead_units}
+    scope = train(model, 5, stats=stats)
+    frame = scope.frame()
+    second = frame[(frame.module == "3") & (frame.kind == "activation")]
+    assert (second.dead_units >= 0.5).all()  # the 16 planted, and any that died on their own
+    assert (second.zero_frac < 0.9).all()  # the other half fires: the tensor is not all zero
+    dead = _alerts(scope, "dead")
+    assert dead.module.tolist() == ["3"]
+    assert dead.step.tolist() == [2]
+    assert "of the units of its output out are zero for the whole batch" in dead.message[0]
+
+
+def test_dead_units_counts_features_of_vectors_and_channels_of_images():
+    from layerscope.health import dead_units
+
+    features = torch.randn(4, 6, 10)
+    features[..., :3] = 0.0
+    assert float(dead_units(features)) == pytest.approx(0.3)
+    images = torch.randn(2, 8, 5, 5)
+    images[:, 2] = 0.0
+    images[0, 3] = 0.0  # zero in one sample only: alive
+    assert float(dead_units(images)) == pytest.approx(1 / 8)
+    assert float(dead_units(torch.zeros(5))) == 0.0  # no units to speak of

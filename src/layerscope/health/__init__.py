@@ -7,6 +7,7 @@ the hot path. Each has thresholds and hysteresis, so one episode gives one alert
 
 from layerscope.health._alert import SEVERITIES, Alert
 from layerscope.health._config import RULES, AlertsConfig, parse_alerts
+from layerscope.health._dead_units import dead_units
 from layerscope.health._monitor import HealthMonitor
 from layerscope.health._update_ratio import left_out_of
 
@@ -16,6 +17,7 @@ __all__ = [
     "Alert",
     "AlertsConfig",
     "HealthMonitor",
+    "dead_units",
     "left_out_of",
     "parse_alerts",
 ]

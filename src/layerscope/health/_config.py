@@ -42,7 +42,7 @@ def parse_alerts(alerts: object) -> AlertsConfig:
 
     Example:
         >>> parse_alerts({"dead": {"threshold": 0.9}, "loss_spike": False}).rules["dead"]
-        {'threshold': 0.9, 'steps': 3, 'clear_below': 0.9}
+        {'threshold': 0.9, 'units': 0.5, 'steps': 3, 'clear_below': 0.9}
     """
     if alerts is True or alerts == "raise":
         return AlertsConfig(_all_rules({}), raise_on_nonfinite=alerts == "raise")

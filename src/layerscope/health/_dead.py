@@ -1,4 +1,4 @@
-"""``dead``: outputs that stay exactly zero: dying ReLUs."""
+"""``dead``: outputs that stay exactly zero, wholly or unit by unit: dying ReLUs."""
 
 from __future__ import annotations
 
@@ -6,26 +6,37 @@ from typing import Any, ClassVar
 
 from layerscope.health._alert import Alert
 from layerscope.health._episodes import Episodes
-from layerscope.health._readings import ModuleOrder, StepView
+from layerscope.health._readings import ModuleOrder, Reading, StepView
+
+_ADVICE = (
+    "a too high learning rate, a large negative bias or a poor initialisation kills ReLU units"
+)
 
 
 class Dead:
-    """Outputs whose zero fraction stays at least ``threshold``.
+    """Outputs that are mostly zero, or have many units that are zero for the whole batch.
 
-    For ``steps`` recorded training steps in a row; the episode ends when it falls below
-    ``clear_below``.
+    That is, a zero fraction of at least ``threshold``, or, where the custom statistic
+    ``health.dead_units`` is kept, at least ``units`` of the units dead; either for ``steps``
+    recorded training steps in a row. An episode ends when the measure falls below
+    ``clear_below`` times its threshold.
 
-    Options: ``threshold`` (0.99), ``steps`` (3), ``clear_below`` (0.9).
+    Options: ``threshold`` (0.99), ``units`` (0.5), ``steps`` (3), ``clear_below`` (0.9).
     """
 
     name = "dead"
-    defaults: ClassVar[dict[str, Any]] = {"threshold": 0.99, "steps": 3, "clear_below": 0.9}
+    defaults: ClassVar[dict[str, Any]] = {
+        "threshold": 0.99,
+        "units": 0.5,
+        "steps": 3,
+        "clear_below": 0.9,
+    }
 
     def __init__(
-        self, order: ModuleOrder, threshold: float, steps: float, clear_below: float
+        self, order: ModuleOrder, threshold: float, units: float, steps: float, clear_below: float
     ) -> None:
         self._order = order
-        self._threshold = threshold
+        self._limits = {"zero_frac": threshold, "dead_units": units}
         self._steps = int(steps)
         self._clear_below = clear_below
         self._episodes = Episodes(patience=self._steps)
@@ -36,32 +47,43 @@ class Dead:
             return []
         alerts = []
         for reading in view.first_calls("activation"):
-            zeros = reading.get("zero_frac")
-            if zeros != zeros or reading.nonfinite:  # not kept, or the nonfinite rule's
+            if reading.nonfinite:  # the nonfinite rule's
                 continue
-            holds = True if zeros >= self._threshold else None
-            if zeros < self._clear_below:
-                holds = False
-            if self._episodes.observe((reading.module, reading.tensor), holds):
-                name = reading.module or "the model"
-                alerts.append(
-                    Alert(
-                        step=view.step,
-                        phase=view.phase,
-                        rule=self.name,
-                        module=reading.module,
-                        kind=reading.kind,
-                        tensor=reading.tensor,
-                        severity="warning",
-                        value=zeros,
-                        threshold=self._threshold,
-                        message=(
-                            f"{name} ({self._order.type_of(reading.module)}) is dying: "
-                            f"{zeros:.1%} of its output {reading.tensor} is exactly zero, "
-                            f"{self._steps} recorded steps in a row up to step {view.step}; "
-                            "a too high learning rate, a large negative bias or a poor "
-                            "initialisation kills ReLU units"
-                        ),
-                    )
-                )
+            for measure, limit in self._limits.items():
+                value = reading.get(measure)
+                if value != value:  # not kept
+                    continue
+                holds = True if value >= limit else None
+                if value < limit * self._clear_below:
+                    holds = False
+                key = (reading.module, reading.tensor, measure)
+                if self._episodes.observe(key, holds):
+                    alerts.append(self._alert(view, reading, measure, value, limit))
         return alerts
+
+    def _alert(
+        self, view: StepView, reading: Reading, measure: str, value: float, limit: float
+    ) -> Alert:
+        name = f"{reading.module or 'the model'} ({self._order.type_of(reading.module)})"
+        if measure == "zero_frac":
+            what = f"{value:.1%} of its output {reading.tensor} is exactly zero"
+        else:
+            what = (
+                f"{value:.1%} of the units of its output {reading.tensor} are zero for the "
+                "whole batch"
+            )
+        return Alert(
+            step=view.step,
+            phase=view.phase,
+            rule=self.name,
+            module=reading.module,
+            kind=reading.kind,
+            tensor=reading.tensor,
+            severity="warning",
+            value=value,
+            threshold=limit,
+            message=(
+                f"{name} is dying: {what}, {self._steps} recorded steps in a row up to step "
+                f"{view.step}; {_ADVICE}"
+            ),
+        )

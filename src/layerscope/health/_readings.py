@@ -112,7 +112,11 @@ def step_views(chunks: Iterable[StatsRows]) -> list[StepView]:
             for i in (table[code],)
         }
         names = [name for name in USED if name in chunk.stats]
-        values = zip(*(chunk.stats[name].tolist() for name in names), strict=True)
+        columns = [chunk.stats[name].tolist() for name in names]
+        if "dead_units" in chunk.custom:  # the custom statistic health.dead_units, if kept
+            names.append("dead_units")
+            columns.append([math.nan if v is None else v for v in chunk.custom["dead_units"]])
+        values = zip(*columns, strict=True)
         rows = zip(chunk.step.tolist(), chunk.identity.tolist(), values, strict=True)
         for step, code, row in rows:
             phase, module, kind, tensor, call = decoded[code]
