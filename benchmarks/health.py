@@ -114,6 +114,33 @@ def raise_cost(rounds: int = 5, steps: int = 40) -> tuple[float, float]:
     return statistics.median(on), statistics.median(raising)
 
 
+def dead_units_cost(rounds: int = 5, steps: int = 20) -> tuple[float, float]:
+    """Median recorded step of the CNN workload without and with the dead_units statistic."""
+    workload = WORKLOADS["cnn"]
+
+    def median_step(stats: object) -> float:
+        torch.manual_seed(0)
+        model = workload.make_model()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        generator = torch.Generator().manual_seed(0)
+        times = []
+        with layerscope.watch(model, optimizer=optimizer, every=1, stats=stats):
+            for _ in range(steps):
+                started = time.perf_counter()
+                x, y = workload.make_batch(generator)
+                workload.loss(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                times.append(time.perf_counter() - started)
+        return statistics.median(times[5:])
+
+    without, with_units = [], []
+    for _ in range(rounds):  # interleaved: the machine's speed drifts
+        without.append(median_step(None))
+        with_units.append(median_step({"dead_units": layerscope.health.dead_units}))
+    return statistics.median(without), statistics.median(with_units)
+
+
 def table(results: list[dict[str, object]]) -> str:
     lines = [
         "| run | false alarms (warning or error) | rules' writer time per flush | per row "
@@ -149,6 +176,11 @@ def main() -> None:
         f'\n\nalerts="raise" (one flag read back per step), the MLP workload with the sentinel, '
         f"median unrecorded step: {1e3 * on:.1f} ms with alerts=True, {1e3 * raising:.1f} ms "
         'with alerts="raise".'
+    )
+    without, with_units = dead_units_cost()
+    text += (
+        f" The dead_units statistic, CNN workload, median recorded step: {1e3 * without:.1f} ms "
+        f"without it, {1e3 * with_units:.1f} ms with it."
     )
     print(text)
     if args.write:
