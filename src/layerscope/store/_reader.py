@@ -32,6 +32,8 @@ from layerscope.store._status import combine_metas
 if TYPE_CHECKING:
     import pandas
 
+    from layerscope.plots import RunPlots
+
 TABLES = (*SEGMENTED_TABLES, "calls")
 _RETRIES = 10
 
@@ -165,6 +167,13 @@ class Run:
         rank.
         """
         return self._frame("alerts")
+
+    @property
+    def plot(self) -> RunPlots:
+        """Matplotlib figures of the run: ``run.plot.stats()``, ``run.plot.heatmap()``, ..."""
+        from layerscope.plots import RunPlots
+
+        return RunPlots(self)
 
     @property
     def calls(self) -> pandas.DataFrame:

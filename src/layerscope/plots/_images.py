@@ -1,0 +1,104 @@
+"""Image figures: layers by steps heatmaps, and log2 histograms over steps ("colorful dimension").
+
+Columns are recorded steps, one pixel wide each whatever the gaps between them (a schedule
+records densely, then sparsely), with tick labels that say the step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from layerscope.plots._histograms import (
+    histogram_edges,
+    layer_counts,
+    magnitude_slots,
+    occupied_range,
+    read_histograms,
+)
+from layerscope.plots._select import Modules, check_stat, figure, layer_matrix, read_rows
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from layerscope.store._reader import Run
+
+# Statistics that are magnitudes spanning decades: shown on a log colour scale.
+LOG_SCALE_STATS = frozenset(("absmax", "l2", "std", "numel", "nan_count", "inf_count"))
+
+
+def label_steps(axes: Axes, steps: np.ndarray) -> None:
+    """Tick labels of an image's columns (0, 1, ...) as the steps they are."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    def step_at(position: float, _: Any) -> str:
+        column = round(position)
+        return str(steps[column]) if 0 <= column < len(steps) else ""
+
+    axes.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True))
+    axes.xaxis.set_major_formatter(FuncFormatter(step_at))
+    axes.set_xlabel("step")
+
+
+def colour_scale(stat: str, values: np.ndarray) -> Any:
+    """LogNorm over the positive values of a magnitude statistic, else a linear Normalize."""
+    from matplotlib.colors import LogNorm, Normalize
+
+    if stat in LOG_SCALE_STATS:
+        positive = values[np.isfinite(values) & (values > 0)]
+        if len(positive):
+            return LogNorm(vmin=positive.min(), vmax=positive.max())
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return Normalize(0.0, 1.0)  # nothing to scale: an all-NaN image still draws
+    return Normalize(finite.min(), finite.max())
+
+
+def heatmap(
+    run: Run, stat: str, kind: str, modules: Modules, phase: str, tensor: str | None
+) -> Figure:
+    """Layers (rows, model order) by steps (columns) of one statistic."""
+    check_stat(run, stat)
+    layers, frame = read_rows(run, [stat], kind=kind, phase=phase, modules=modules, tensor=tensor)
+    steps, values = layer_matrix(frame, layers, stat)
+    fig, (ax,) = figure(1, height=max(3.0, 0.3 * len(layers) + 1.5), sharex=False)
+    # Non-positive values have no place on a log scale: masked, they show as blank.
+    norm = colour_scale(stat, values)
+    shown = np.ma.masked_invalid(values)
+    if stat in LOG_SCALE_STATS:
+        shown = np.ma.masked_less_equal(shown, 0)
+    image = ax.imshow(shown, aspect="auto", interpolation="nearest", norm=norm, cmap="viridis")
+    ax.set_yticks(range(len(layers)), [name or "(root)" for name in layers])
+    ax.set_ylabel("module")
+    label_steps(ax, steps)
+    ax.set_title(f"{kind} {stat}")
+    fig.colorbar(image, ax=ax, label=stat)
+    return fig
+
+
+def color_dim(run: Run, kind: str, modules: Modules, phase: str, tensor: str | None) -> Figure:
+    """Per layer, its log2 histogram over steps as an image (colour: log(1 + count))."""
+    edges = histogram_edges(run)
+    layers, frame = read_histograms(run, kind=kind, phase=phase, modules=modules, tensor=tensor)
+    slots = magnitude_slots(edges)
+    fig, axes = figure(len(layers), height=2.5, sharex=False)
+    for ax, layer in zip(axes, layers, strict=True):
+        steps, counts = layer_counts(frame, layer, len(edges))
+        shown = occupied_range(counts, slots, edges)
+        exponents = np.log2(edges[shown])
+        # Each slot spans one power of two: rows from its exponent to the next.
+        extent = (-0.5, len(steps) - 0.5, exponents[0], exponents[-1] + 1)
+        ax.imshow(
+            np.log1p(counts[shown]),
+            aspect="auto",
+            interpolation="nearest",
+            origin="lower",
+            extent=extent,
+            cmap="viridis",
+        )
+        ax.set_ylabel("log2 |value|")
+        ax.set_title(f"{layer or '(root)'} {kind}", fontsize="medium")
+        label_steps(ax, steps)
+    return fig

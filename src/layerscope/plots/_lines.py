@@ -1,0 +1,149 @@
+"""Line figures: one line per layer over steps, and the run's scalars with its alerts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from layerscope.plots._select import (
+    Modules,
+    check_stat,
+    figure,
+    layer_matrix,
+    read_rows,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from layerscope.store._reader import Run
+
+SEVERITY_COLORS = {"info": "tab:blue", "warning": "tab:orange", "error": "tab:red"}
+# Adam-like optimizers move weights by about a thousandth of their size per step.
+UPDATE_BAND = (1e-4, 1e-2)
+
+
+def draw_layers(
+    axes: Axes, steps: np.ndarray, values: np.ndarray, layers: Sequence[str], ylabel: str
+) -> None:
+    """One line per layer (rows of ``values``), labelled by module name."""
+    # A single recorded step is a point: without a marker it would not show.
+    marker = "o" if len(steps) == 1 else None
+    for name, row in zip(layers, values, strict=True):
+        axes.plot(steps, row, marker=marker, label=name or "(root)")
+    axes.set_xlabel("step")
+    axes.set_ylabel(ylabel)
+    axes.legend(title="module", fontsize="small", loc="best")
+
+
+def stats_figure(
+    run: Run, kind: str, stats: Sequence[str], modules: Modules, phase: str, tensor: str | None
+) -> Figure:
+    """One subplot per statistic, one line per layer over steps."""
+    if isinstance(stats, str):
+        stats = (stats,)
+    if not stats:
+        raise ValueError("stats: expected at least one statistic, got none")
+    for stat in stats:
+        check_stat(run, stat, "stats")
+    layers, frame = read_rows(
+        run, list(dict.fromkeys(stats)), kind=kind, phase=phase, modules=modules, tensor=tensor
+    )
+    fig, axes = figure(len(stats))
+    for ax, stat in zip(axes, stats, strict=True):
+        steps, values = layer_matrix(frame, layers, stat)
+        draw_layers(ax, steps, values, layers, stat)
+        ax.set_title(f"{kind} {stat}")
+    return fig
+
+
+def dead_chart(run: Run, kind: str, modules: Modules, phase: str) -> Figure:
+    """Per layer the fraction of exact zeros over steps, from 0 to 1."""
+    check_stat(run, "zero_frac")
+    layers, frame = read_rows(run, ["zero_frac"], kind=kind, phase=phase, modules=modules)
+    steps, values = layer_matrix(frame, layers, "zero_frac")
+    fig, (ax,) = figure(1, height=4.0)
+    draw_layers(ax, steps, values, layers, "zero fraction")
+    ax.set_ylim(0.0, 1.0)
+    ax.set_title(f"dead units: zero fraction of {kind}")
+    return fig
+
+
+def grad_norms(run: Run, modules: Modules, phase: str) -> Figure:
+    """L2 norm of each layer's weight gradient over steps, on a log scale."""
+    check_stat(run, "l2")
+    layers, frame = read_rows(run, ["l2"], kind="weight_grad", phase=phase, modules=modules)
+    steps, values = layer_matrix(frame, layers, "l2")
+    fig, (ax,) = figure(1, height=4.0)
+    draw_layers(ax, steps, values, layers, "l2 of weight gradient")
+    ax.set_yscale("log")
+    ax.set_title("gradient norms")
+    return fig
+
+
+def update_ratio(run: Run, modules: Modules, phase: str) -> Figure:
+    """l2(update) / l2(weight) of each layer's weight over steps, with the usual band shaded."""
+    check_stat(run, "l2")
+    has_update = run.sql("select count(*) as n from stats where kind = 'update'")["n"].iloc[0]
+    if not has_update:
+        raise ValueError(
+            "the run has no 'update' rows: record them with "
+            "layerscope.watch(..., optimizer=optimizer, capture=(..., 'update'))"
+        )
+    layers, updates = read_rows(run, ["l2"], kind="update", phase=phase, modules=modules)
+    _, weights = read_rows(run, ["l2"], kind="weight", phase=phase, modules=layers)
+    steps, update_l2 = layer_matrix(updates, layers, "l2")
+    weight_steps, weight_l2 = layer_matrix(weights, layers, "l2")
+    # Align the weights on the update steps: a step without a weight row stays NaN.
+    aligned = np.full_like(update_l2, np.nan)
+    _, at_update, at_weight = np.intersect1d(steps, weight_steps, return_indices=True)
+    aligned[:, at_update] = weight_l2[:, at_weight]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = update_l2 / aligned
+    fig, (ax,) = figure(1, height=4.0)
+    ax.axhspan(*UPDATE_BAND, color="tab:green", alpha=0.15, label="1e-4 to 1e-2")
+    ax.axhline(1e-3, color="tab:green", linewidth=0.8, linestyle="--")
+    draw_layers(ax, steps, ratio, layers, "l2(update) / l2(weight)")
+    ax.set_yscale("log")
+    ax.set_title("update / weight ratio")
+    return fig
+
+
+def scalars_figure(run: Run, names: Sequence[str] | str | None) -> Figure:
+    """One subplot per scalar over steps, with a vertical line at each alert's step."""
+    scalars = run.sql(
+        "select step, name, value from scalars"
+        " where rank = (select min(rank) from scalars) order by step"
+    )
+    recorded = list(dict.fromkeys(scalars["name"]))
+    if isinstance(names, str):
+        names = [names]
+    if names is None:
+        names = recorded
+    if not names:
+        raise ValueError("names: no scalars to draw (record them with scope.step(loss=...))")
+    unknown = [name for name in names if name not in recorded]
+    if unknown:
+        raise ValueError(f"names: unknown scalars {unknown}; the run has {recorded}")
+    alerts = run.sql(
+        "select distinct step, severity from alerts where step is not null order by step"
+    )
+    fig, axes = figure(len(names))
+    for ax, name in zip(axes, names, strict=True):
+        rows = scalars[scalars["name"] == name]
+        steps = rows["step"].to_numpy(dtype=np.int64)
+        marker = "o" if len(steps) == 1 else None
+        ax.plot(steps, rows["value"].to_numpy(dtype=np.float64), marker=marker, label=name)
+        seen: set[str] = set()
+        for step, severity in zip(alerts["step"], alerts["severity"], strict=True):
+            label = f"alert: {severity}" if severity not in seen else None
+            seen.add(severity)
+            color = SEVERITY_COLORS.get(severity, "tab:gray")
+            ax.axvline(int(step), color=color, alpha=0.6, linewidth=1.0, label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel(name)
+        ax.legend(fontsize="small", loc="best")
+    return fig

@@ -1,0 +1,164 @@
+"""Which layers, steps and rows a figure shows, read from the run with only the columns it needs.
+
+Every figure reads one rank (the lowest), call 0 of each module and no sentinel rows, so a
+layer is one line or one image row; layers come in the order of ``run.modules``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from layerscope._kinds import Kind
+
+if TYPE_CHECKING:
+    import pandas
+    from matplotlib.figure import Figure
+
+    from layerscope.store._reader import Run
+
+Modules = str | Sequence[str] | None
+
+PHASES = ("train", "eval")
+# The tensor a figure shows when none is named: the output for per-call kinds, the weight
+# matrix for parameter kinds.
+DEFAULT_TENSOR = {
+    "activation": "out",
+    "grad": "out",
+    "input": "in.0",
+    "weight": "weight",
+    "weight_grad": "weight",
+    "update": "weight",
+    "buffer": "running_var",
+}
+# Columns of the stats table that are not statistics.
+_NOT_STATS = frozenset(("hist", "hist_lo"))
+
+
+def quote(text: str) -> str:
+    """``text`` as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` as a plain string, or a ValueError naming ``kind``."""
+    value = kind.value if isinstance(kind, Kind) else kind
+    if value not in DEFAULT_TENSOR:
+        raise ValueError(f"kind: expected one of {sorted(DEFAULT_TENSOR)}, got {kind!r}")
+    return str(value)
+
+
+def check_phase(phase: str) -> str:
+    """``phase``, or a ValueError naming ``phase``."""
+    if phase not in PHASES:
+        raise ValueError(f"phase: expected one of {PHASES}, got {phase!r}")
+    return phase
+
+
+def check_stat(run: Run, stat: str, argument: str = "stat") -> str:
+    """``stat`` if the run recorded it as a number, else a ValueError naming ``argument``."""
+    config = run.meta.get("config", {})
+    known = [
+        name
+        for name in (*config.get("stats", ()), *config.get("custom_stats", ()))
+        if name not in _NOT_STATS
+    ]
+    if stat not in known:
+        raise ValueError(f"{argument}: expected a statistic the run recorded {known}, got {stat!r}")
+    return stat
+
+
+def select_modules(run: Run, modules: Modules) -> list[str]:
+    """Names of the selected modules, in model order.
+
+    Args:
+        run: the run.
+        modules: None for all, a regex searched in each name, or a list of names.
+
+    Raises:
+        ValueError: a listed name is not a module of the run, or the regex matches none.
+    """
+    ordered = [info.name for info in run.modules]
+    if modules is None:
+        return ordered
+    if isinstance(modules, str):
+        pattern = re.compile(modules)
+        chosen = [name for name in ordered if pattern.search(name)]
+        if not chosen:
+            raise ValueError(f"modules: {modules!r} matches no module of {ordered}")
+        return chosen
+    unknown = [name for name in modules if name not in ordered]
+    if unknown:
+        raise ValueError(f"modules: unknown modules {unknown}; the run has {ordered}")
+    wanted = set(modules)
+    return [name for name in ordered if name in wanted]
+
+
+def read_rows(
+    run: Run,
+    columns: Sequence[str],
+    *,
+    kind: str,
+    phase: str,
+    modules: Modules,
+    tensor: str | None = None,
+) -> tuple[list[str], pandas.DataFrame]:
+    """The selected layers that have rows, in model order, and their rows.
+
+    Reads ``step, module`` and ``columns`` of one kind and tensor only.
+
+    Raises:
+        ValueError: for an unknown kind, phase or module, or when no selected layer has a row
+            of this kind (naming ``kind``).
+    """
+    kind = check_kind(kind)
+    phase = check_phase(phase)
+    names = select_modules(run, modules)
+    tensor = DEFAULT_TENSOR[kind] if tensor is None else tensor
+    selected = ", ".join(quote(name) for name in names)
+    wanted = ", ".join(["step", "module", *columns])
+    frame = run.sql(
+        f"select {wanted} from stats"
+        f" where kind = {quote(kind)} and tensor = {quote(tensor)}"
+        f" and phase = {quote(phase)} and module in ({selected})"
+        " and coalesce(call, 0) = 0 and not coalesce(sentinel, false)"
+        " and rank = (select min(rank) from stats)"
+        " order by step"
+    )
+    present = set(frame["module"])
+    layers = [name for name in names if name in present]
+    if not layers:
+        raise ValueError(
+            f"kind: no {kind!r} rows of tensor {tensor!r} in phase {phase!r} for modules {names}"
+        )
+    return layers, frame
+
+
+def layer_matrix(
+    frame: pandas.DataFrame, layers: Sequence[str], column: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The recorded steps and a float64 (layers, steps) matrix of ``column``.
+
+    NaN where a layer has no row at a step.
+    """
+    steps = np.unique(frame["step"].to_numpy(dtype=np.int64))
+    values = np.full((len(layers), len(steps)), np.nan)
+    row_of = {name: index for index, name in enumerate(layers)}
+    rows = frame["module"].map(row_of).to_numpy()
+    columns = np.searchsorted(steps, frame["step"].to_numpy(dtype=np.int64))
+    values[rows, columns] = frame[column].to_numpy(dtype=np.float64, na_value=np.nan)
+    return steps, values
+
+
+def figure(
+    rows: int, *, width: float = 8.0, height: float = 3.0, sharex: bool = True
+) -> tuple[Figure, Any]:
+    """A pyplot-free ``Figure`` with ``rows`` stacked axes (an array of them)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, max(height, height * rows * 0.8)), layout="constrained")
+    axes = fig.subplots(rows, 1, squeeze=False, sharex=sharex)[:, 0]
+    return fig, axes
