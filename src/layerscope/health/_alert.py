@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from layerscope.health._readings import Reading
 
 # Severities, mildest first: "info" notes, "warning" something likely wrong, "error" training
 # has gone wrong (non-finite values).
@@ -31,3 +35,29 @@ class Alert:
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity: expected one of {SEVERITIES}, got {self.severity!r}")
+
+    @classmethod
+    def on(
+        cls,
+        reading: Reading,
+        *,
+        rule: str,
+        value: float,
+        threshold: float,
+        message: str,
+        severity: str = "warning",
+        kind: str | None = None,
+    ) -> Alert:
+        """An alert about ``reading``'s tensor at its step; ``kind`` where it is not the row's."""
+        return cls(
+            step=reading.step,
+            phase=reading.phase,
+            rule=rule,
+            module=reading.module,
+            kind=reading.kind if kind is None else kind,
+            tensor=reading.tensor,
+            severity=severity,
+            value=value,
+            threshold=threshold,
+            message=message,
+        )

@@ -72,14 +72,9 @@ class Dead:
                 f"{value:.1%} of the units of its output {reading.tensor} are zero for the "
                 "whole batch"
             )
-        return Alert(
-            step=view.step,
-            phase=view.phase,
+        return Alert.on(
+            reading,
             rule=self.name,
-            module=reading.module,
-            kind=reading.kind,
-            tensor=reading.tensor,
-            severity="warning",
             value=value,
             threshold=limit,
             message=(

@@ -58,14 +58,9 @@ class ActivationDrift:
                 continue
             name = reading.module or "the model"
             alerts.append(
-                Alert(
-                    step=view.step,
-                    phase=view.phase,
+                Alert.on(
+                    reading,
                     rule=self.name,
-                    module=reading.module,
-                    kind=reading.kind,
-                    tensor=reading.tensor,
-                    severity="warning",
                     value=change,
                     threshold=self._factor if change > 1 else 1 / self._factor,
                     message=(

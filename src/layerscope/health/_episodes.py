@@ -48,7 +48,3 @@ class Episodes:
             self._open.add(key)
             return True
         return False
-
-    def is_open(self, key: Hashable) -> bool:
-        """Whether ``key`` is in an episode now."""
-        return key in self._open

@@ -107,14 +107,9 @@ class Gradients:
             )
             name = reading.module or "the model"
             found.append(
-                Alert(
-                    step=view.step,
-                    phase=view.phase,
+                Alert.on(
+                    reading,
                     rule=rule,
-                    module=reading.module,
-                    kind=reading.kind,
-                    tensor=reading.tensor,
-                    severity="warning",
                     value=rms if absolute else ratio,
                     threshold=bound
                     if absolute

@@ -43,7 +43,6 @@ class HealthMonitor:
         self.seconds = 0.0  # the writer thread's time in the rules
         self.flushes = 0  # flushes whose rows the rules read
         self.rows = 0
-        self.config = config
         rules = config.rules
         self._rules: list[NonFinite | Dead | Gradients | UpdateRatio | ActivationDrift] = []
         if "nonfinite" in rules:
@@ -74,11 +73,6 @@ class HealthMonitor:
         if not config.rules:
             return None
         return cls(config, modules, left_out_of(targets, optimizers))
-
-    @property
-    def active(self) -> bool:
-        """Whether any rule is on."""
-        return bool(self._rules) or self._loss is not None
 
     def learn_calls(self, calls: Sequence[CallEvent]) -> None:
         """Take the call order of a recorded step: the forward order of modules."""

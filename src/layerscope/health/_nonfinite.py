@@ -52,13 +52,9 @@ class NonFinite:
         counts = _counts(origin)
         message = f"first non-finite value {where} ({view.phase}): {how}{counts}"
         return [
-            Alert(
-                step=view.step,
-                phase=view.phase,
+            Alert.on(
+                origin,
                 rule=self.name,
-                module=origin.module,
-                kind=origin.kind,
-                tensor=origin.tensor,
                 severity="error",
                 value=origin.get("nan_count") + origin.get("inf_count")
                 if not origin.sentinel

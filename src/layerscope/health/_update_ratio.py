@@ -130,14 +130,10 @@ class UpdateRatio:
             how = f"its updates are {ratio:.2g} of its size (below {self._low:g}): it barely learns"
         else:
             how = f"its updates are {ratio:.2g} of its size (above {self._high:g}): steps too large"
-        return Alert(
-            step=view.step,
-            phase=view.phase,
+        return Alert.on(
+            weight,
             rule=self.name,
-            module=weight.module,
             kind="update",
-            tensor=weight.tensor,
-            severity="warning",
             value=ratio,
             threshold=self._low if ratio < self._low else self._high,
             message=f"update ratio of {name} ({kind}) {weight.tensor} at step {view.step}: {how}",
