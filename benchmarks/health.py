@@ -17,6 +17,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -86,59 +87,55 @@ def run(name: str, steps: int) -> dict[str, object]:
     }
 
 
+def _step_times(name: str, steps: int, **watch: object) -> list[float]:
+    """Each step's time of workload ``name``, trained from a fixed seed, watched with ``watch``."""
+    workload = WORKLOADS[name]
+    torch.manual_seed(0)
+    model = workload.make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    times = []
+    with layerscope.watch(model, optimizer=optimizer, **watch):  # type: ignore[arg-type]
+        for _ in range(steps):
+            started = time.perf_counter()
+            x, y = workload.make_batch(generator)
+            workload.loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def _interleaved(rounds: int, *configs: Callable[[], float]) -> list[float]:
+    """The median of each configuration's figure over ``rounds`` rounds, taken in turn."""
+    figures: list[list[float]] = [[] for _ in configs]
+    for _ in range(rounds):  # interleaved: the machine's speed drifts
+        for figure, config in zip(figures, configs, strict=True):
+            figure.append(config())
+    return [statistics.median(figure) for figure in figures]
+
+
 def raise_cost(rounds: int = 5, steps: int = 40) -> tuple[float, float]:
     """Median unrecorded step of the MLP workload with the sentinel: alerts on, and "raise"."""
-    workload = WORKLOADS["mlp"]
+    schedule = layerscope.Schedule(every=10, sentinel=True)
 
-    def median_step(alerts: object) -> float:
-        torch.manual_seed(0)
-        model = workload.make_model()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        generator = torch.Generator().manual_seed(0)
-        schedule = layerscope.Schedule(every=10, sentinel=True)
-        times = []
-        with layerscope.watch(model, optimizer=optimizer, every=schedule, alerts=alerts):
-            for _ in range(steps):
-                started = time.perf_counter()
-                x, y = workload.make_batch(generator)
-                workload.loss(model(x), y).backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                times.append(time.perf_counter() - started)
+    def unrecorded(alerts: object) -> float:
+        times = _step_times("mlp", steps, every=schedule, alerts=alerts)
         return statistics.median(t for i, t in enumerate(times) if i > 10 and i % 10)
 
-    on, raising = [], []
-    for _ in range(rounds):  # interleaved: the machine's speed drifts
-        on.append(median_step(True))
-        raising.append(median_step("raise"))
-    return statistics.median(on), statistics.median(raising)
+    on, raising = _interleaved(rounds, lambda: unrecorded(True), lambda: unrecorded("raise"))
+    return on, raising
 
 
 def dead_units_cost(rounds: int = 5, steps: int = 20) -> tuple[float, float]:
     """Median recorded step of the CNN workload without and with the dead_units statistic."""
-    workload = WORKLOADS["cnn"]
 
-    def median_step(stats: object) -> float:
-        torch.manual_seed(0)
-        model = workload.make_model()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        generator = torch.Generator().manual_seed(0)
-        times = []
-        with layerscope.watch(model, optimizer=optimizer, every=1, stats=stats):
-            for _ in range(steps):
-                started = time.perf_counter()
-                x, y = workload.make_batch(generator)
-                workload.loss(model(x), y).backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                times.append(time.perf_counter() - started)
-        return statistics.median(times[5:])
+    def recorded(stats: object) -> float:
+        return statistics.median(_step_times("cnn", steps, every=1, stats=stats)[5:])
 
-    without, with_units = [], []
-    for _ in range(rounds):  # interleaved: the machine's speed drifts
-        without.append(median_step(None))
-        with_units.append(median_step({"dead_units": layerscope.health.dead_units}))
-    return statistics.median(without), statistics.median(with_units)
+    units = {"dead_units": layerscope.health.dead_units}
+    without, with_units = _interleaved(rounds, lambda: recorded(None), lambda: recorded(units))
+    return without, with_units
 
 
 def table(results: list[dict[str, object]]) -> str:
