@@ -14,6 +14,7 @@ Example:
 """
 
 from layerscope import health, sinks, stats, store
+from layerscope._animate import animate
 from layerscope._errors import LayerscopeWarning, NonFiniteError
 from layerscope._kinds import Kind
 from layerscope._modules import CallEvent, ModuleInfo
@@ -32,6 +33,7 @@ __all__ = [
     "Schedule",
     "Scope",
     "__version__",
+    "animate",
     "health",
     "load",
     "runs",

@@ -47,6 +47,7 @@ from layerscope.stats._partials import kernel_name
 if TYPE_CHECKING:
     import pandas
 
+    from layerscope.plots import RunPlots
     from layerscope.store import ParquetStore
 
 
@@ -238,17 +239,35 @@ class Scope:
             A new DataFrame; later steps do not change it.
         """
         require("pandas", "dataframe")
-        self._failures.warn_pending()
         if table not in TABLES:
             raise ValueError(f"table: expected one of {list(TABLES)}, got {table!r}")
-        if not self._closed:
-            self._flush_so_far()
-            self._pipeline.drain()
+        self._catch_up()
         stats = stats_columns(self.config.stats, self.config.histogram is not None)
         if self._store is not None:
             return stored_frame(self._store.path, table, stats, self._place.rank)
         assert self._memory is not None  # a scope without a store keeps its rows in memory
         return memory_frame(self._memory, table, stats)
+
+    @property
+    def plot(self) -> RunPlots:
+        """Matplotlib figures of what was recorded so far: ``scope.plot.stats()``, ...
+
+        The same figures as ``layerscope.load(path).plot``, of the run this scope writes, or
+        of its records in memory if it writes none (needs ``layerscope[plot]``). Each access
+        shows the steps recorded until then.
+        """
+        from layerscope._memory_run import MemoryRun
+        from layerscope.plots import RunPlots
+        from layerscope.store import load
+
+        self._catch_up()
+        if self._memory is not None:
+            return RunPlots(MemoryRun(self._memory))
+        assert self._store is not None  # a scope keeps its rows in memory or in a store
+        try:
+            return RunPlots(load(self._store.path))
+        except FileNotFoundError:  # nothing written yet: a rank's files come with its rows
+            return RunPlots(MemoryRun(MemorySink(), self._run_info(self._store)))
 
     def flush(self) -> None:
         """Wait until what the steps so far recorded is written to the run and every sink.
@@ -259,6 +278,13 @@ class Scope:
         self._check_open("flush")
         self._flush_so_far()
         self._pipeline.drain()
+
+    def _catch_up(self) -> None:
+        """Before reading what was recorded: warn of failures, write every step so far."""
+        self._failures.warn_pending()
+        if not self._closed:
+            self._flush_so_far()
+            self._pipeline.drain()
 
     def _flush_so_far(self) -> None:
         """Send what is complete now: evaluation rows, scalars, the sentinel's readings.

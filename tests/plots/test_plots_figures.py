@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from matplotlib.colors import LogNorm
+from matplotlib.colors import LogNorm, to_rgba
 from matplotlib.figure import Figure
 from tests.plots.conftest import LAYERS, reference
 
@@ -162,15 +162,20 @@ def test_scalars_draw_each_scalar_and_alert_lines(run, nan_run):
     assert [axes.get_ylabel() for axes in fig.axes] == ["loss", "lr"]
     scalars = run.scalars
     loss = scalars[scalars["name"] == "loss"].sort_values("step")
-    (line,) = fig.axes[0].get_lines()  # no alerts in a healthy run
+    (line,) = fig.axes[0].get_lines()
     np.testing.assert_array_equal(line.get_xdata(), loss["step"])
     np.testing.assert_allclose(line.get_ydata(), loss["value"])
+    assert not fig.axes[0].collections  # no alerts in a healthy run
 
     (axes,) = nan_run.plot.scalars(names="loss").axes
-    alert_lines = [line for line in axes.get_lines() if line.get_label().startswith("alert")]
-    assert [line.get_label() for line in alert_lines] == ["alert: error"]
-    assert list(alert_lines[0].get_xdata()) == [2, 2]
-    assert alert_lines[0].get_color() == "tab:red"
+    (marks,) = axes.collections
+    assert marks.get_label() == "alert: error"
+    # One vertical line at the alert's step, from the bottom of the axes to the top.
+    ((start, end),) = marks.get_segments()
+    assert (start[0], end[0]) == (2, 2)
+    assert (start[1], end[1]) == (0, 1)
+    np.testing.assert_allclose(marks.get_color()[0], to_rgba("tab:red", alpha=0.6))
+    assert "alert: error" in [text.get_text() for text in axes.get_legend().get_texts()]
 
 
 def test_savefig_writes_a_png(run, tmp_path: Path):

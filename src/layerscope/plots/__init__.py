@@ -18,7 +18,7 @@ from layerscope.plots._select import Modules
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from layerscope.store._reader import Run
+    from layerscope.plots._source import RunTables
 
 __all__ = ["RunPlots"]
 
@@ -36,7 +36,7 @@ class RunPlots:
         run.plot.stats(kind="activation", stats=("mean", "std")).savefig("act.png")
     """
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: RunTables) -> None:
         require("matplotlib", "plot")
         self.run = run
 

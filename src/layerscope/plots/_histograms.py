@@ -18,13 +18,13 @@ if TYPE_CHECKING:
     import pandas
     from matplotlib.figure import Figure
 
-    from layerscope.store._reader import Run
+    from layerscope.plots._source import RunTables
 
 # How many steps the histogram figure overlays when none are chosen.
 DEFAULT_STEP_COUNT = 4
 
 
-def histogram_edges(run: Run) -> np.ndarray:
+def histogram_edges(run: RunTables) -> np.ndarray:
     """The lower edge of each slot, or a ValueError if the run kept no histograms."""
     edges = run.meta.get("histogram_edges")
     config = run.meta.get("config", {})
@@ -39,7 +39,7 @@ def magnitude_slots(edges: np.ndarray) -> np.ndarray:
 
 
 def read_histograms(
-    run: Run, *, kind: str, phase: str, modules: Modules, tensor: str | None
+    run: RunTables, *, kind: str, phase: str, modules: Modules, tensor: str | None
 ) -> tuple[list[str], pandas.DataFrame]:
     """Selected layers with rows and their ``step, module, hist_lo, hist`` rows."""
     histogram_edges(run)
@@ -89,7 +89,7 @@ def default_steps(steps: np.ndarray) -> list[int]:
 
 
 def histogram_figure(
-    run: Run,
+    run: RunTables,
     module: str,
     kind: str,
     tensor: str,

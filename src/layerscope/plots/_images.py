@@ -17,16 +17,28 @@ from layerscope.plots._histograms import (
     occupied_range,
     read_histograms,
 )
-from layerscope.plots._select import Modules, check_stat, figure, layer_matrix, read_rows
+from layerscope.plots._select import (
+    Modules,
+    check_stat,
+    figure,
+    layer_matrix,
+    layers_with_rows,
+    read_rows,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from layerscope.store._reader import Run
+    from layerscope.plots._source import RunTables
 
 # Statistics that are magnitudes spanning decades: shown on a log colour scale.
 LOG_SCALE_STATS = frozenset(("absmax", "l2", "std", "numel", "nan_count", "inf_count"))
+# color_dim of every layer: at most this many panels, in rows of PANEL_COLUMNS past that many.
+MAX_PANELS = 16
+PANEL_COLUMNS = 4
+# A heat map names every row up to this many layers, and some of them past it.
+MAX_ROW_LABELS = 40
 
 
 def label_steps(axes: Axes, steps: np.ndarray) -> None:
@@ -57,20 +69,25 @@ def colour_scale(stat: str, values: np.ndarray) -> Any:
 
 
 def heatmap(
-    run: Run, stat: str, kind: str, modules: Modules, phase: str, tensor: str | None
+    run: RunTables, stat: str, kind: str, modules: Modules, phase: str, tensor: str | None
 ) -> Figure:
     """Layers (rows, model order) by steps (columns) of one statistic."""
     check_stat(run, stat)
     layers, frame = read_rows(run, [stat], kind=kind, phase=phase, modules=modules, tensor=tensor)
     steps, values = layer_matrix(frame, layers, stat)
-    fig, (ax,) = figure(1, height=max(3.0, 0.3 * len(layers) + 1.5), sharex=False)
+    height = min(max(3.0, 0.3 * len(layers) + 1.5), 14.0)
+    fig, (ax,) = figure(1, height=height, sharex=False)
     # Non-positive values have no place on a log scale: masked, they show as blank.
     norm = colour_scale(stat, values)
     shown = np.ma.masked_invalid(values)
     if stat in LOG_SCALE_STATS:
         shown = np.ma.masked_less_equal(shown, 0)
     image = ax.imshow(shown, aspect="auto", interpolation="nearest", norm=norm, cmap="viridis")
-    ax.set_yticks(range(len(layers)), [name or "(root)" for name in layers])
+    names = [name or "(root)" for name in layers]
+    rows = np.arange(len(layers))
+    if len(layers) > MAX_ROW_LABELS:
+        rows = np.unique(np.round(np.linspace(0, len(layers) - 1, MAX_ROW_LABELS)).astype(int))
+    ax.set_yticks(rows, [names[row] for row in rows])
     ax.set_ylabel("module")
     label_steps(ax, steps)
     ax.set_title(f"{kind} {stat}")
@@ -78,12 +95,25 @@ def heatmap(
     return fig
 
 
-def color_dim(run: Run, kind: str, modules: Modules, phase: str, tensor: str | None) -> Figure:
-    """Per layer, its log2 histogram over steps as an image (colour: log(1 + count))."""
+def color_dim(
+    run: RunTables, kind: str, modules: Modules, phase: str, tensor: str | None
+) -> Figure:
+    """Per layer, its log2 histogram over steps as an image (colour: log(1 + count)).
+
+    With ``modules=None`` and more than ``MAX_PANELS`` layers, that many spread evenly from
+    the first layer to the last; the figure's title says so.
+    """
     edges = histogram_edges(run)
+    total = None
+    if modules is None:
+        present = layers_with_rows(run, kind=kind, phase=phase, tensor=tensor)
+        if len(present) > MAX_PANELS:
+            total = len(present)
+            picks = np.round(np.linspace(0, len(present) - 1, MAX_PANELS)).astype(int)
+            modules = [present[index] for index in picks]
     layers, frame = read_histograms(run, kind=kind, phase=phase, modules=modules, tensor=tensor)
     slots = magnitude_slots(edges)
-    fig, axes = figure(len(layers), height=2.5, sharex=False)
+    fig, axes = panels(len(layers))
     for ax, layer in zip(axes, layers, strict=True):
         steps, counts = layer_counts(frame, layer, len(edges))
         shown = occupied_range(counts, slots, edges)
@@ -101,4 +131,20 @@ def color_dim(run: Run, kind: str, modules: Modules, phase: str, tensor: str | N
         ax.set_ylabel("log2 |value|")
         ax.set_title(f"{layer or '(root)'} {kind}", fontsize="medium")
         label_steps(ax, steps)
+    if total is not None:
+        fig.suptitle(f"{len(layers)} of {total} layers, spread evenly; modules= chooses others")
     return fig
+
+
+def panels(count: int) -> tuple[Figure, list[Axes]]:
+    """``count`` axes, one column up to ``PANEL_COLUMNS``, then ``PANEL_COLUMNS`` a row."""
+    from matplotlib.figure import Figure
+
+    columns = 1 if count <= PANEL_COLUMNS else PANEL_COLUMNS
+    rows = -(-count // columns)
+    width = 8.0 if columns == 1 else 12.0
+    fig = Figure(figsize=(width, max(2.5, 2.0 * rows)), layout="constrained")
+    grid = fig.subplots(rows, columns, squeeze=False)
+    for extra in grid.flat[count:]:
+        extra.remove()
+    return fig, list(grid.flat[:count])

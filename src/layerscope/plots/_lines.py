@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,28 +19,60 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from layerscope.store._reader import Run
+    from layerscope.plots._source import RunTables
 
 SEVERITY_COLORS = {"info": "tab:blue", "warning": "tab:orange", "error": "tab:red"}
 # Adam-like optimizers move weights by about a thousandth of their size per step.
 UPDATE_BAND = (1e-4, 1e-2)
+# More layers than this are told apart by colour (first to last), not by a legend.
+LEGEND_LIMIT = 12
+DEPTH_COLORMAP = "viridis"
 
 
 def draw_layers(
     axes: Axes, steps: np.ndarray, values: np.ndarray, layers: Sequence[str], ylabel: str
 ) -> None:
-    """One line per layer (rows of ``values``), labelled by module name."""
+    """One line per layer (rows of ``values``), labelled by module name.
+
+    Up to ``LEGEND_LIMIT`` layers get a legend; more are coloured by depth, with a colour bar
+    from the first layer to the last, as a legend of hundreds of names says nothing.
+    """
     # A single recorded step is a point: without a marker it would not show.
     marker = "o" if len(steps) == 1 else None
-    for name, row in zip(layers, values, strict=True):
-        axes.plot(steps, row, marker=marker, label=name or "(root)")
+    names = [name or "(root)" for name in layers]
+    many = len(layers) > LEGEND_LIMIT
+    colors = _depth_colors(len(layers)) if many else [None] * len(layers)
+    for name, row, color in zip(names, values, colors, strict=True):
+        width = 0.8 if many else None
+        axes.plot(steps, row, marker=marker, label=name, color=color, linewidth=width)
     axes.set_xlabel("step")
     axes.set_ylabel(ylabel)
-    axes.legend(title="module", fontsize="small", loc="best")
+    if not many:
+        axes.legend(title="module", fontsize="small", loc="best")
+        return
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    scale = ScalarMappable(Normalize(0, len(layers) - 1), cmap=DEPTH_COLORMAP)
+    owner = axes.get_figure()
+    assert owner is not None  # the axes were made by a figure
+    bar = owner.colorbar(scale, ax=axes, label="module (model order)")
+    bar.set_ticks([0, len(layers) - 1], labels=[names[0], names[-1]])
+
+
+def _depth_colors(count: int) -> list[Any]:
+    from matplotlib import colormaps
+
+    return list(colormaps[DEPTH_COLORMAP](np.linspace(0.0, 1.0, count)))
 
 
 def stats_figure(
-    run: Run, kind: str, stats: Sequence[str], modules: Modules, phase: str, tensor: str | None
+    run: RunTables,
+    kind: str,
+    stats: Sequence[str],
+    modules: Modules,
+    phase: str,
+    tensor: str | None,
 ) -> Figure:
     """One subplot per statistic, one line per layer over steps."""
     if isinstance(stats, str):
@@ -60,7 +92,7 @@ def stats_figure(
     return fig
 
 
-def dead_chart(run: Run, kind: str, modules: Modules, phase: str) -> Figure:
+def dead_chart(run: RunTables, kind: str, modules: Modules, phase: str) -> Figure:
     """Per layer the fraction of exact zeros over steps, from 0 to 1."""
     check_stat(run, "zero_frac")
     layers, frame = read_rows(run, ["zero_frac"], kind=kind, phase=phase, modules=modules)
@@ -72,7 +104,7 @@ def dead_chart(run: Run, kind: str, modules: Modules, phase: str) -> Figure:
     return fig
 
 
-def grad_norms(run: Run, modules: Modules, phase: str) -> Figure:
+def grad_norms(run: RunTables, modules: Modules, phase: str) -> Figure:
     """L2 norm of each layer's weight gradient over steps, on a log scale."""
     check_stat(run, "l2")
     layers, frame = read_rows(run, ["l2"], kind="weight_grad", phase=phase, modules=modules)
@@ -84,7 +116,7 @@ def grad_norms(run: Run, modules: Modules, phase: str) -> Figure:
     return fig
 
 
-def update_ratio(run: Run, modules: Modules, phase: str) -> Figure:
+def update_ratio(run: RunTables, modules: Modules, phase: str) -> Figure:
     """l2(update) / l2(weight) of each layer's weight over steps, with the usual band shaded."""
     check_stat(run, "l2")
     has_update = run.sql("select count(*) as n from stats where kind = 'update'")["n"].iloc[0]
@@ -112,7 +144,7 @@ def update_ratio(run: Run, modules: Modules, phase: str) -> Figure:
     return fig
 
 
-def scalars_figure(run: Run, names: Sequence[str] | str | None) -> Figure:
+def scalars_figure(run: RunTables, names: Sequence[str] | str | None) -> Figure:
     """One subplot per scalar over steps, with a vertical line at each alert's step."""
     scalars = run.sql(
         "select step, name, value from scalars"
@@ -137,12 +169,18 @@ def scalars_figure(run: Run, names: Sequence[str] | str | None) -> Figure:
         steps = rows["step"].to_numpy(dtype=np.int64)
         marker = "o" if len(steps) == 1 else None
         ax.plot(steps, rows["value"].to_numpy(dtype=np.float64), marker=marker, label=name)
-        seen: set[str] = set()
-        for step, severity in zip(alerts["step"], alerts["severity"], strict=True):
-            label = f"alert: {severity}" if severity not in seen else None
-            seen.add(severity)
-            color = SEVERITY_COLORS.get(severity, "tab:gray")
-            ax.axvline(int(step), color=color, alpha=0.6, linewidth=1.0, label=label)
+        # One collection of vertical lines per severity: thousands of alerts draw at once.
+        for severity, group in alerts.groupby("severity", sort=False):
+            ax.vlines(
+                group["step"].to_numpy(dtype=np.int64),
+                0,
+                1,
+                transform=ax.get_xaxis_transform(),
+                color=SEVERITY_COLORS.get(str(severity), "tab:gray"),
+                alpha=0.6,
+                linewidth=1.0,
+                label=f"alert: {severity}",
+            )
         ax.set_xlabel("step")
         ax.set_ylabel(name)
         ax.legend(fontsize="small", loc="best")

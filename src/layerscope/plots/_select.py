@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import pandas
     from matplotlib.figure import Figure
 
-    from layerscope.store._reader import Run
+    from layerscope.plots._source import RunTables
 
 Modules = str | Sequence[str] | None
 
@@ -58,7 +58,7 @@ def check_phase(phase: str) -> str:
     return phase
 
 
-def check_stat(run: Run, stat: str, argument: str = "stat") -> str:
+def check_stat(run: RunTables, stat: str, argument: str = "stat") -> str:
     """``stat`` if the run recorded it as a number, else a ValueError naming ``argument``."""
     config = run.meta.get("config", {})
     known = [
@@ -71,7 +71,7 @@ def check_stat(run: Run, stat: str, argument: str = "stat") -> str:
     return stat
 
 
-def select_modules(run: Run, modules: Modules) -> list[str]:
+def select_modules(run: RunTables, modules: Modules) -> list[str]:
     """Names of the selected modules, in model order.
 
     Args:
@@ -98,7 +98,7 @@ def select_modules(run: Run, modules: Modules) -> list[str]:
 
 
 def read_rows(
-    run: Run,
+    run: RunTables,
     columns: Sequence[str],
     *,
     kind: str,
@@ -131,10 +131,24 @@ def read_rows(
     present = set(frame["module"])
     layers = [name for name in names if name in present]
     if not layers:
+        which = names if len(names) <= 6 else f"{len(names)} modules"
         raise ValueError(
-            f"kind: no {kind!r} rows of tensor {tensor!r} in phase {phase!r} for modules {names}"
+            f"kind: no {kind!r} rows of tensor {tensor!r} in phase {phase!r} for modules {which}"
         )
     return layers, frame
+
+
+def layers_with_rows(run: RunTables, *, kind: str, phase: str, tensor: str | None) -> list[str]:
+    """The modules with rows of one kind and tensor, in model order (one small query)."""
+    kind = check_kind(kind)
+    tensor = DEFAULT_TENSOR[kind] if tensor is None else tensor
+    frame = run.sql(
+        f"select distinct module from stats where kind = {quote(kind)}"
+        f" and tensor = {quote(tensor)} and phase = {quote(check_phase(phase))}"
+        " and not coalesce(sentinel, false)"
+    )
+    present = set(frame["module"])
+    return [info.name for info in run.modules if info.name in present]
 
 
 def layer_matrix(

@@ -1,0 +1,23 @@
+"""What a figure reads a run through: a stored ``Run`` and a scope's in-memory run alike."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import pandas
+
+    from layerscope._modules import ModuleInfo
+
+
+class RunTables(Protocol):
+    """A run's ``meta`` (its ``run.json``), its module tree and SQL over its tables."""
+
+    meta: dict[str, Any]
+
+    @property
+    def modules(self) -> list[ModuleInfo]:
+        """The module tree, in model order."""
+
+    def sql(self, query: str) -> pandas.DataFrame:
+        """A DuckDB query over the tables ``stats``, ``scalars``, ``alerts`` and ``calls``."""
