@@ -76,3 +76,17 @@ def test_scope_plot_scalars_and_alerts_from_memory():
         train(scope, model, optimizer, 4)
         (axes,) = scope.plot.scalars("loss").axes
         np.testing.assert_array_equal(axes.lines[0].get_ydata(), [1.0] * 4)
+
+
+def test_sentinel_rows_in_memory_are_left_out_of_figures():
+    model = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+    schedule = layerscope.Schedule(every=3, sentinel=True)
+    with layerscope.watch(model, every=schedule) as scope:
+        for _ in range(7):
+            model(torch.randn(4, 3)).sum().backward()
+            scope.step()
+        sentinels = scope.plot.run.sql("select count(*) as n from stats where sentinel")["n"][0]
+        assert sentinels > 0  # the in-memory tables hold them, as a stored run does
+        (axes,) = scope.plot.stats(stats=("absmax",)).axes
+        for line in axes.get_lines():
+            np.testing.assert_array_equal(line.get_xdata(), [0, 3, 6])
