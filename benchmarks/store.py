@@ -32,6 +32,7 @@ from layerscope._buffer import HostCopy
 from layerscope._identities import Form, Identities, Identity
 from layerscope._kinds import Kind
 from layerscope._merging import finalize_merged, merge_batches
+from layerscope._ranks import ProcessRank
 from layerscope._readings import Readings
 from layerscope.sinks import Records, RunInfo, RunSummary, StatsRows
 from layerscope.stats import finalize
@@ -99,7 +100,7 @@ def _info() -> RunInfo:
         id="bench",
         name="bench",
         started=time.time(),
-        rank=0,
+        place=ProcessRank(),
         config={"stats": list(layerscope.stats.BUILTIN_STATS)},
         modules=[],
         histogram_edges=layerscope.stats.log2_bin_edges(),

@@ -17,3 +17,38 @@ def test_every_benchmark_script_imports():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _benchmark(name):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_synthetic_run_reads_back_as_a_run(tmp_path):
+    import layerscope
+
+    path = _benchmark("synthetic").write_run(tmp_path / "big", layers=3, steps=40)
+    run = layerscope.load(path)
+    assert run.meta["status"] == "finished"
+    assert [info.name for info in run.modules] == ["", "layers.0", "layers.1", "layers.2"]
+    counts = run.sql("select kind, count(*) as n, count(distinct step) as s from stats group by 1")
+    assert dict(zip(counts["kind"], counts["n"], strict=True)) == dict.fromkeys(
+        ("activation", "grad", "weight", "weight_grad"), 120
+    )
+    assert set(counts["s"]) == {40}
+    stats = run.stats
+    # Histograms hold every element, and the finalised statistics are consistent.
+    assert (stats["hist"].map(sum) == stats["numel"]).all()
+    assert ((stats["min"] <= stats["mean"]) & (stats["mean"] <= stats["max"])).all()
+    assert len(run.scalars) == 80
+
+
+def test_store_benchmark_writes_what_it_counts(tmp_path):
+    import layerscope
+
+    rate = _benchmark("store").write_rate(tmp_path, rows=4800, chunk_rows=2400, flush_every=1)
+    assert rate > 0
+    assert len(layerscope.load(tmp_path / "write").sql("select step from stats")) == 4800
