@@ -16,6 +16,9 @@ from layerscope.stats import HistogramSpec, LinearHistogram, log2_bin_edges
 from layerscope.stats._histogram import parse_histogram
 from layerscope.stats._selection import StatSelection, parse_stats
 
+# What ``watch(ranks=...)`` takes: each rank's rows its own, or merged into whole-job rows.
+RANKS = ("each", "merge")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WatchConfig:
@@ -27,6 +30,7 @@ class WatchConfig:
     stats: StatSelection
     histogram: HistogramSpec | None
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    ranks: str = "each"  # "each": a rank's rows are its own; "merge": whole-job rows
 
     @classmethod
     def from_arguments(
@@ -41,6 +45,7 @@ class WatchConfig:
         stats: object,
         histogram: object,
         alerts: object = True,
+        ranks: object = "each",
     ) -> WatchConfig:
         """Validate ``watch()``'s arguments; errors name the argument and what was expected."""
         parsed_stats = parse_stats(stats)
@@ -56,6 +61,7 @@ class WatchConfig:
             stats=parsed_stats,
             histogram=spec if "hist" in parsed_stats.builtin else None,
             alerts=parse_alerts(alerts),
+            ranks=parse_ranks(ranks),
         )
 
     def histogram_edges(self) -> list[float] | None:
@@ -80,7 +86,15 @@ class WatchConfig:
             "custom_stats": list(self.stats.custom),
             "histogram": histogram_to_dict(self.histogram),
             "alerts": self.alerts.to_dict(),
+            "ranks": self.ranks,
         }
+
+
+def parse_ranks(ranks: object) -> str:
+    """``"each"`` or ``"merge"``, or a ValueError naming ``ranks``."""
+    if ranks not in RANKS:
+        raise ValueError(f"ranks: expected one of {RANKS}, got {ranks!r}")
+    return str(ranks)
 
 
 def histogram_to_dict(spec: HistogramSpec | None) -> dict[str, Any] | None:

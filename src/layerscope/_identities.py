@@ -7,6 +7,7 @@ the codes, and decode them only where a person or a file needs the values.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NamedTuple
 
 from layerscope._kinds import Kind
@@ -50,21 +51,26 @@ class Form(NamedTuple):
 class _Interned:
     """Values each given a small integer code once.
 
-    The training thread adds values; the writer thread reads those that readings refer to.
-    Appending to and indexing a list are atomic, so neither needs a lock.
+    The training thread adds values; the writer thread reads those that readings refer to,
+    and adds those of rows merged across ranks. Looking up and indexing need no lock; giving
+    a new code takes one, so two threads never give the same code to different values.
     """
 
     def __init__(self) -> None:
         self._codes: dict[Any, int] = {}
         self.rows: list[Any] = []
+        self._lock = threading.Lock()
 
     def code(self, value: Any) -> int:
         """The code of ``value``, given now if it is new."""
         code = self._codes.get(value)
         if code is None:
-            code = len(self.rows)
-            self.rows.append(value)
-            self._codes[value] = code
+            with self._lock:
+                code = self._codes.get(value)
+                if code is None:
+                    code = len(self.rows)
+                    self.rows.append(value)
+                    self._codes[value] = code
         return code
 
 

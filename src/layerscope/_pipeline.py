@@ -12,6 +12,7 @@ than blocking training.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -25,10 +26,12 @@ from layerscope._batches import Batch, arrive
 from layerscope._errors import FailureCounter
 from layerscope._identities import Identities
 from layerscope._merging import Merged, finalize_merged, merge_batches, split_merged
+from layerscope._rank_merge import RankMerge
 from layerscope._ranks import ProcessRank
 from layerscope._sentinel_rows import SentinelCarry, sentinel_rows
 from layerscope.health import HealthMonitor
 from layerscope.sinks._base import FanOut, Records, RunSummary
+from layerscope.sinks._rows import StatsRows
 from layerscope.stats._selection import StatSelection
 
 # Batches, and readings in them, that wait for the writer at most: a bound on the host memory
@@ -63,8 +66,10 @@ class Pipeline:
         flush_seconds: float,
         health: HealthMonitor | None = None,
         queue_size: int = 256,
+        rank_merge: RankMerge | None = None,
     ) -> None:
         self.sink = sink
+        self.rank_merge = rank_merge
         self.health = health
         self.recorded_rows = 0
         self.dropped_rows = 0  # of the stats table
@@ -89,8 +94,15 @@ class Pipeline:
         torch.set_num_threads(threads)
 
     def submit(self, item: Batch | Records) -> None:
-        """Queue a batch or records; drop them, counted, if the writer is too far behind."""
+        """Queue a batch or records; drop them, counted, if the writer is too far behind.
+
+        Where rows merge across ranks, wait instead: a rank that dropped a step would leave
+        the collectives of the others waiting for it.
+        """
         try:
+            if self.rank_merge is not None:
+                self._queue.put(item)
+                return
             self._queue.put_nowait(item)
         except queue.Full:
             readings = len(item.readings) + len(item.extremes) if isinstance(item, Batch) else 0
@@ -162,10 +174,23 @@ class Pipeline:
                     if item.calls and self.health is not None:
                         self.health.learn_calls(item.calls)
                     self._guarded("writing", self.sink.write, item)
-                full = len(waiting) >= WAITING_BATCHES or waiting_readings >= WAITING_READINGS
-                if waiting and (due or full or isinstance(item, _Flush | _Stop)):
-                    self._guarded("finalising a flush", self._process, waiting)
-                    waiting, waiting_readings = [], 0
+                if self.rank_merge is not None:
+                    # Every rank finishes the same steps at the same flushes, whatever the
+                    # clock, readers or memory say: the collectives run in lockstep. The
+                    # clock still flushes the sinks (the run's heartbeat).
+                    ended = isinstance(item, Batch) and item.final
+                    due = item is None or time.monotonic() - last_flush >= self._flush_seconds
+                    if isinstance(item, _Stop) or (
+                        ended and steps_since_flush >= self._flush_steps
+                    ):
+                        self._guarded("finalising a flush", self._process, waiting)
+                        waiting, waiting_readings, steps_since_flush = [], 0, 0
+                        due = True
+                else:
+                    full = len(waiting) >= WAITING_BATCHES or waiting_readings >= WAITING_READINGS
+                    if waiting and (due or full or isinstance(item, _Flush | _Stop)):
+                        self._guarded("finalising a flush", self._process, waiting)
+                        waiting, waiting_readings = [], 0
                 if isinstance(item, _Stop):
                     self._guarded("flushing", self.sink.flush)
                     summary = item.make_summary(
@@ -178,7 +203,9 @@ class Pipeline:
                     return
                 if due or isinstance(item, _Flush):
                     self._guarded("flushing", self.sink.flush)
-                    last_flush, steps_since_flush = time.monotonic(), 0
+                    last_flush = time.monotonic()
+                    if self.rank_merge is None:
+                        steps_since_flush = 0
                 if isinstance(item, _Flush):  # a reader waits for files
                     self._guarded("flushing", self.sink.sync)
             finally:
@@ -187,6 +214,9 @@ class Pipeline:
 
     def _process(self, batches: list[Batch]) -> None:
         """Merge, finalise and write waiting batches, oldest first."""
+        if not batches:  # rows merge across ranks, and this one has none left: merge all the same
+            self._write_done(self._across_ranks(None), [], None)
+            return
         try:
             arrivals = [arrive(batch) for batch in batches]
             merged, scalars = merge_batches(batches, self._carry, arrivals)
@@ -204,6 +234,9 @@ class Pipeline:
                 sum(len(b.readings) + len(b.extremes) for b in batches),
                 sum(len(b.scalars) for b in batches),
             )
+            if self.rank_merge is not None:  # the other ranks wait for this one's part
+                with contextlib.suppress(Exception):
+                    self._write_done(self._across_ranks(None), [], None)
             raise
         # The last batch ends a step, or its step's readings wait for the next batch: those
         # of earlier steps are done. After an evaluation, its rows are done too, while the
@@ -215,6 +248,29 @@ class Pipeline:
             done, self._carry = split_merged(
                 merged, self._identities, last.open_steps, last.evaluated
             )
+        self._write_done(self._across_ranks(done), scalars, sentinel)
+
+    def _across_ranks(self, done: Merged | None) -> Merged | None:
+        """``done`` merged with the other ranks' rows where asked to; as it is otherwise.
+
+        A failed collective (a rank gone, a timeout) ends merging on this rank: its rows are
+        its own from then on, and it no longer waits for the others.
+        """
+        if self.rank_merge is None:
+            return done
+        try:
+            return self.rank_merge.merge(done)
+        except Exception:
+            self.rank_merge = None
+            raise
+
+    def _write_done(
+        self,
+        done: Merged | None,
+        scalars: list[tuple[int, str, float]],
+        sentinel: StatsRows | None,
+    ) -> None:
+        """Finalise ``done``, run the health rules on it, and write it with the rest."""
         stats = None
         if done is not None:
             stats = finalize_merged(done, self._place.rank, self._selection, self._identities)

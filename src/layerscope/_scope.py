@@ -35,6 +35,7 @@ from layerscope._modules import CallEvent, ModuleInfo, module_tree
 from layerscope._nonfinite_stop import nonfinite_error, stop_schedule
 from layerscope._parameters import ParameterReads
 from layerscope._pipeline import Pipeline
+from layerscope._rank_merge import rank_merge_for
 from layerscope._ranks import ProcessRank
 from layerscope._recorder import Recorder, Target
 from layerscope._select import device_type, is_compiled, pattern_texts, select, unwrap
@@ -120,6 +121,7 @@ class Scope:
             flush_seconds=5.0 if store is None else store.flush_seconds,
             queue_size=256 if store is None else store.queue_size,
             health=HealthMonitor.for_run(config.alerts, self._modules, targets, optimizers),
+            rank_merge=rank_merge_for(config, self._identities, self._modules),
         )
         # A scope left open at exit is closed then, so the writer writes what it holds.
         lifecycle.track(self)

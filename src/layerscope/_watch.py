@@ -29,6 +29,7 @@ def watch(
     histogram: object = "log2",
     alerts: bool | str | dict[str, Any] = True,
     sinks: Sequence[Sink] = (),
+    ranks: str = "each",
 ) -> Scope:
     """Record statistics of every layer of ``model`` while it trains.
 
@@ -62,6 +63,13 @@ def watch(
             each (``layerscope.health.RULES`` names them). An alert is a row of the run's
             ``alerts`` table and a line of the ``layerscope`` logger.
         sinks: extra outputs, e.g. ``layerscope.sinks.TensorBoard("tb/")``.
+        ranks: under ``torch.distributed``, ``"each"`` keeps each rank's rows its own (a
+            ``rank`` column tells them apart); ``"merge"`` merges every recorded step's
+            statistics across ranks, exactly, into whole-job rows that rank 0 writes:
+            activations and gradients of the whole batch, parameters whole where FSDP
+            shards them. Every rank must call ``watch`` (it makes a process group) and
+            record the same steps; rows then appear at every ``flush_steps``-th recorded
+            step rather than on a timer. Scalars and sentinel rows stay each rank's own.
 
     Returns:
         A ``Scope``: a context manager whose exit removes every hook.
@@ -69,7 +77,8 @@ def watch(
     Raises:
         TypeError: ``model`` is not a module, or an argument has the wrong type.
         ValueError: a bad regex, an unknown statistic or kind, ``every <= 0``, ``update``
-            without an optimizer, or a selection that matches no module.
+            without an optimizer, a selection that matches no module, or ``ranks`` not
+            ``"each"`` or ``"merge"``.
 
     Example:
         >>> import torch, layerscope
@@ -95,6 +104,7 @@ def watch(
         stats=stats,
         histogram=histogram,
         alerts=alerts,
+        ranks=ranks,
     )
     store = None
     if run is not None:

@@ -146,11 +146,11 @@ def _last_record_id() -> int:
     return entries[-1]["record_id"] if entries else -1
 
 
-def save_loaded_run(run_dir: str, path: str) -> None:
+def save_loaded_run(run_dir: str, path: str, ranks: str = "each") -> None:
     """Rank 0, once every rank has closed its scope: what ``layerscope.load`` reads, as JSON."""
     import layerscope
 
-    run = layerscope.load(run_dir)
+    run = layerscope.load(run_dir, ranks=ranks)
     columns = ["step", "phase", "rank", "module", "kind", "tensor", "shard", "shape", "numel"]
     columns += ["mean", "std", "min", "max", "l2"]
     stats = run.stats.reindex(columns=columns)  # a column the store lacks comes back empty

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from layerscope.plots import RunPlots
 
 TABLES = (*SEGMENTED_TABLES, "calls")
+RANKS = ("each", "merge")
 _RETRIES = 10
 
 
@@ -54,7 +55,10 @@ class Run:
             runs, ``"finished"`` once all finished.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], ranks: str = "each") -> None:
+        if ranks not in RANKS:
+            raise ValueError(f"ranks: expected one of {RANKS}, got {ranks!r}")
+        self.ranks = ranks
         if not isinstance(path, str | os.PathLike):
             raise TypeError(
                 f"path: expected the path or URL of a run directory, got {type(path).__name__}"
@@ -134,6 +138,9 @@ class Run:
         """One row per step, phase, rank, module, kind, tensor and call.
 
         Every column of the run's configuration is there, also where no row has a value.
+        Loaded with ``ranks="merge"``, the ranks' rows are merged into one row per step,
+        phase, module, kind, tensor and call (with ``rank`` 0), as ``watch(ranks="merge")``
+        would have written them.
         """
         from layerscope.store._arrow import widen_histograms
 
@@ -152,7 +159,17 @@ class Run:
             *config.get("custom_stats", ()),
         ]
         known = [name for name in order if name in frame]
-        return frame[known + [name for name in frame if name not in known]]
+        frame = frame[known + [name for name in frame if name not in known]]
+        if self.ranks == "merge":
+            from layerscope.store._rank_rows import merge_rank_rows
+
+            shapes = {
+                (info.name, name): shape
+                for info in self.modules
+                for name, shape in info.parameters.items()
+            }
+            frame = merge_rank_rows(frame, shapes, tuple(config.get("custom_stats", ())))
+        return frame
 
     @property
     def scalars(self) -> pandas.DataFrame:
@@ -317,13 +334,17 @@ class Run:
         return schema.empty_table()
 
 
-def load(path: str | os.PathLike[str]) -> Run:
+def load(path: str | os.PathLike[str], ranks: str = "each") -> Run:
     """Open a run written by ``layerscope.watch(model, run=path)``, finished or not.
 
     The files of every rank of a distributed job are read as one run.
 
     Args:
         path: the run's directory, a local path or an fsspec URL.
+        ranks: ``"each"`` shows every rank's rows; ``"merge"`` merges them in ``run.stats``
+            into whole-job rows (activations and gradients of all ranks' data, sharded
+            parameters whole), exactly as ``watch(ranks="merge")`` merges while training.
+            ``run.sql`` reads the rows as stored either way.
 
     Returns:
         A ``Run``; its tables are read from disk at each access, so a run still being
@@ -333,9 +354,10 @@ def load(path: str | os.PathLike[str]) -> Run:
         TypeError: ``path`` is not a path or URL.
         NotADirectoryError: ``path`` is a file.
         FileNotFoundError: no run is there.
-        ValueError: a newer layerscope wrote the run.
+        ValueError: a newer layerscope wrote the run, or ``ranks`` is not ``"each"`` or
+            ``"merge"``.
     """
-    return Run(path)
+    return Run(path, ranks)
 
 
 def warn_damaged(path: str, error: BaseException) -> None:
