@@ -1,0 +1,44 @@
+"""The examples that need no extra service run as they are, and say what they claim."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def run_example(name, *args, cwd):
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow  # one cold torch.compile, about 15 s
+def test_compiled_example_has_no_graph_break_or_new_graph_after_its_first_call(tmp_path):
+    out = run_example("compiled.py", cwd=tmp_path)
+    assert "recorded steps: [0, 5, 10]" in out
+    assert re.search(r"graph breaks after step 1: 0\n", out)
+    assert re.search(r"graphs compiled after step 1: 0\n", out)
+
+
+def test_figures_example_writes_every_figure(tmp_path):
+    pytest.importorskip("sklearn")
+    pytest.importorskip("matplotlib")
+    out = run_example("figures.py", tmp_path / "images", cwd=tmp_path)
+    written = sorted(path.name for path in (tmp_path / "images").iterdir())
+    figures = ("stats", "color_dim", "dead_chart", "heatmap", "grad_norms", "update_ratio")
+    figures += ("histogram", "scalars")
+    assert written == sorted([*(f"{name}.png" for name in figures), "grad_histogram.gif"])
+    assert out.count("\n") == len(written)
+    assert (tmp_path / "runs" / "figures" / "run.json").exists()
