@@ -41,9 +41,9 @@ if TYPE_CHECKING:
 _SUMMED = (Field.NUMEL, Field.COUNT, Field.ZEROS, Field.NAN, Field.INF, Field.NEG, Field.POS)
 _SHIFTED_SUM, _SHIFTED_SQUARES, _PRESENT = range(len(_SUMMED), len(_SUMMED) + 3)
 _SUM_WIDTH = len(_SUMMED) + 3
-# A flush's agreement: any rank with identities not yet laid out; its count and sum of steps,
-# and their negatives, whose maxima equal minus the minima only where every rank agrees.
-_HEADER = 5
+# A flush's agreement (a MAX of 7 integers): any rank with identities not yet laid out; the
+# count and sum of its steps, and their negatives, whose maxima equal minus the minima only
+# where every rank agrees; the lowest and highest histogram slot holding a count.
 # How long a rank waits for the others in a collective before giving merging up.
 TIMEOUT = datetime.timedelta(seconds=120)
 
@@ -116,8 +116,9 @@ class RankMerge:
         new = {
             key: form for key, form in zip(keys, local_forms, strict=True) if key not in self._index
         }
+        low, high = self._occupied(done)
         header = torch.tensor(
-            [bool(new), len(step_values), int(step_values.sum()), -len(step_values), 0],
+            [bool(new), len(step_values), int(step_values.sum()), -len(step_values), 0, -low, high],
             dtype=torch.int64,
         )
         header[4] = -header[2]
@@ -128,10 +129,23 @@ class RankMerge:
             step_values = self._all_steps(step_values)
         if len(step_values) == 0 or not self._keys:
             return None
-        sums, extremes = self._packed(done, keys, steps, step_values)
+        # Histogram slots from the lowest any rank holds to the highest: a tensor's log2
+        # histogram spans a few dozen of the 256, and the collectives carry no others.
+        slots = slice(WIDTH + int(-header[5]), WIDTH + max(int(header[6]), int(-header[5]) - 1) + 1)
+        sums, extremes = self._packed(done, keys, steps, step_values, slots)
         dist.all_reduce(sums, dist.ReduceOp.SUM, group=self._group)
         dist.all_reduce(extremes, dist.ReduceOp.MAX, group=self._group)
-        return self._merged(sums, extremes, step_values)
+        return self._merged(sums, extremes, step_values, slots)
+
+    def _occupied(self, done: Merged | None) -> tuple[int, int]:
+        """The first and last histogram slot holding a count in ``done``; (slots, -1) if none."""
+        slots = self._row_width - WIDTH
+        if done is None or slots == 0:
+            return slots, -1
+        held = torch.nonzero(done.rows[:, WIDTH:].any(dim=0)).flatten()
+        if len(held) == 0:
+            return slots, -1
+        return int(held[0]), int(held[-1])
 
     def _learn(self, new: dict[Identity, Form]) -> None:
         """Lay out every rank's new identities, in rank order: the same order on every rank."""
@@ -158,17 +172,22 @@ class RankMerge:
         return torch.tensor(sorted({step for steps in gathered for step in steps}))
 
     def _packed(
-        self, done: Merged | None, keys: list[Identity], steps: Tensor, step_values: Tensor
+        self,
+        done: Merged | None,
+        keys: list[Identity],
+        steps: Tensor,
+        step_values: Tensor,
+        hist: slice,
     ) -> tuple[Tensor, Tensor]:
         """This rank's part of the SUM and of the MAX collective, one row per (step, key)."""
         slots = len(step_values) * len(self._keys)
-        hist = self._row_width - WIDTH
-        sums = torch.zeros(slots, _SUM_WIDTH + hist, dtype=torch.float64)
+        width = _SUM_WIDTH + hist.stop - hist.start
+        sums = torch.zeros(slots, width, dtype=torch.float64)
         extremes = torch.full((slots, 2), -torch.inf, dtype=torch.float64)
         if done is None or not keys:
             return sums, extremes
         key_index = torch.tensor([self._index[key] for key in keys])
-        adds = torch.tensor([self._adds_up(key, done, row) for row, key in enumerate(keys)])
+        adds = self._adds_up(keys, done)
         if not bool(adds.any()):
             return sums, extremes
         slot = torch.searchsorted(step_values, steps) * len(self._keys) + key_index
@@ -179,19 +198,27 @@ class RankMerge:
         sums[slot, _SHIFTED_SUM] = count * offset
         sums[slot, _SHIFTED_SQUARES] = rows[:, Field.M2] + count * offset**2
         sums[slot, _PRESENT] = 1.0
-        sums[slot, _SUM_WIDTH:] = rows[:, WIDTH:]
+        sums[slot, _SUM_WIDTH:] = rows[:, hist]
         extremes[slot, 0] = rows[:, Field.MAX]
         extremes[slot, 1] = -rows[:, Field.MIN]
         return sums, extremes
 
-    def _adds_up(self, key: Identity, done: Merged, row: int) -> bool:
-        """Whether this rank's row of ``key`` goes into the sums (see the module's docstring)."""
-        if key.kind not in STATE_KINDS or self.rank == 0:
-            return True
-        form = self._identities.forms[int(done.forms[row])]
-        return form.shard is not None
+    def _adds_up(self, keys: list[Identity], done: Merged) -> Tensor:
+        """Which of this rank's rows go into the sums (see the module's docstring)."""
+        if self.rank == 0:
+            return torch.ones(len(keys), dtype=torch.bool)
+        forms = self._identities.forms
+        return torch.tensor(
+            [
+                key.kind not in STATE_KINDS or forms[code].shard is not None
+                for key, code in zip(keys, done.forms.tolist(), strict=True)
+            ],
+            dtype=torch.bool,
+        )
 
-    def _merged(self, sums: Tensor, extremes: Tensor, step_values: Tensor) -> Merged | None:
+    def _merged(
+        self, sums: Tensor, extremes: Tensor, step_values: Tensor, hist: slice
+    ) -> Merged | None:
         """The merged rows present on some rank, as rank 0's ``Merged``; None elsewhere."""
         count = sums[:, _SUMMED.index(Field.COUNT)]
         present = sums[:, _PRESENT] > 0
@@ -212,7 +239,7 @@ class RankMerge:
         rows[:, Field.M2] = m2.clamp(min=0.0)
         rows[:, Field.MAX] = extremes[slots, 0]
         rows[:, Field.MIN] = -extremes[slots, 1]
-        rows[:, WIDTH:] = sums[slots, _SUM_WIDTH:]
+        rows[:, hist] = sums[slots, _SUM_WIDTH:]
         identities = self._identities
         codes = [identities.code(self._keys[index]) for index in key_index.tolist()]
         forms = [identities.form_code(self._whole_form(index)) for index in key_index.tolist()]

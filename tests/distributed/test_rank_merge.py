@@ -88,3 +88,6 @@ def test_the_reader_merges_a_run_of_each_ranks_rows_the_same(merged):
             assert same(read[key][stat], row[stat]), (key, stat)
         assert read[key]["shape"] == row["shape"]
         assert read[key]["rank"] == 0
+        # Histograms: the live merge's equal the sum of the ranks' own, slot by slot.
+        assert read[key]["hist"] == row["hist"], key
+        assert sum(row["hist"]) == row["numel"]

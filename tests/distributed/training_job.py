@@ -152,7 +152,7 @@ def save_loaded_run(run_dir: str, path: str, ranks: str = "each") -> None:
 
     run = layerscope.load(run_dir, ranks=ranks)
     columns = ["step", "phase", "rank", "module", "kind", "tensor", "shard", "shape", "numel"]
-    columns += ["mean", "std", "min", "max", "l2"]
+    columns += ["mean", "std", "min", "max", "l2", "hist"]
     stats = run.stats.reindex(columns=columns)  # a column the store lacks comes back empty
     meta = getattr(run, "meta", {}) or {}
     write_json(path, {"stats": stats.to_dict("records"), "ranks": meta.get("ranks")})
@@ -169,5 +169,5 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray | tuple):
-        return list(value)
+        return [_plain(item) if isinstance(item, np.generic) else item for item in value]
     raise TypeError(f"not JSON: {type(value).__name__}")
