@@ -124,7 +124,7 @@ def main() -> None:
             "Merging across ranks (CPU, 2 gloo ranks)",
             f"Command: `{command('merge.py')}` on {machine(1)} per rank.\n\n"
             "DDP over an MLP of 30 Linear layers and their ReLUs, every step recorded, a "
-            "flush every 10 steps: two packed all-reduces (and one of five integers) per "
+            "flush every 10 steps: two packed all-reduces (and one of seven integers) per "
             "flush, on the writer thread.\n\n" + text,
         )
 
