@@ -1,0 +1,173 @@
+"""``LayerscopeCallback`` for Lightning's ``Trainer``: watch a LightningModule while it fits.
+
+Steps follow the optimizer's: the callback passes the trainer's optimizer to ``watch()``, so
+the micro-batches of ``accumulate_grad_batches`` merge into the step their optimizer step
+ends, and a step that AMP's GradScaler skipped is a step of its own, marked ``skipped``.
+Validation runs in eval mode without gradients, so it is recorded with ``phase="eval"``, under
+the step it follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from layerscope._scope import Scope
+from layerscope.integrations._watcher import Watcher
+
+try:
+    import lightning.pytorch as pl
+except ImportError as error:  # pragma: no cover - the lightning extra is in dev
+    raise ImportError(
+        "layerscope.integrations.lightning needs Lightning; install it with: "
+        "pip install 'layerscope[lightning]'"
+    ) from error
+
+
+class LayerscopeCallback(pl.Callback):
+    """Record a LightningModule's layers while ``trainer.fit()`` trains it.
+
+    At the start of training (after the sanity check, whose batches are not recorded) it
+    watches the LightningModule with the trainer's optimizer. After each optimizer step it
+    records two scalars for that step: ``loss``, the loss Lightning backpropagated (with
+    ``accumulate_grad_batches``, the mean of the micro-batches' losses; under manual
+    optimization, the mean of what ``training_step`` returned), and ``lr``, the first
+    parameter group's learning rate, read just before the optimizer step. The run
+    is closed when ``fit`` ends, as ``"failed"`` when it raises.
+
+    The run goes to ``<trainer.log_dir>/layerscope`` (the logger's versioned directory for the
+    CSV and TensorBoard loggers, ``default_root_dir`` without a logger), or
+    ``layerscope-2``, ``-3``... when a run is there already. ``run=`` chooses the directory;
+    ``run=None`` keeps the run in memory (``callback.scope.frame()``). Steps count from 0 at
+    the start of each ``fit``, resumed ones included. With several optimizers, all of them are
+    watched and the first one's step ends a step.
+
+    Monitoring never stops training: if something in layerscope fails in a hook, that warns
+    once (``layerscope.LayerscopeWarning``) and is counted in ``failures``. Only
+    ``watch(alerts="raise")`` stops training, as asked.
+
+    Args:
+        **watch_options: ``layerscope.watch()``'s options but ``model`` and ``optimizer``,
+            which come from the trainer: ``run``, ``every``, ``capture``, ``include``...
+
+    Raises:
+        TypeError, ValueError: the errors ``watch()`` gives for the same options, raised here
+            so that a typo fails before training starts.
+
+    Example:
+        >>> from layerscope.integrations.lightning import LayerscopeCallback
+        >>> callback = LayerscopeCallback(every=10, capture=["activation", "update"])
+        >>> # trainer = lightning.Trainer(callbacks=[callback]); trainer.fit(module)
+        >>> LayerscopeCallback(every=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: every: expected an int >= 1 or a Schedule, got 0
+    """
+
+    def __init__(self, **watch_options: Any) -> None:
+        super().__init__()
+        self._watcher = Watcher(watch_options)
+        self._global_step = 0
+        self._loss: Tensor | None = None  # the sum of this step's micro-batch losses
+        self._batches = 0
+        self._lr: float | Tensor | None = None  # read just before the optimizer step
+
+    @property
+    def scope(self) -> Scope | None:
+        """The scope of the last ``fit``, open while it trains; None before it."""
+        return self._watcher.scope
+
+    @property
+    def run_dir(self) -> str | None:
+        """Where the run is written: ``run=``, or the directory chosen when training started."""
+        return self._watcher.run_dir
+
+    @property
+    def failures(self) -> int:
+        """How many times the callback's own work failed and was skipped."""
+        return self._watcher.failures
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Watch the module with the trainer's optimizers."""
+        self._global_step = trainer.global_step
+        self._loss, self._batches, self._lr = None, 0, None
+        self._watcher.start(pl_module, trainer.optimizers, lambda: _log_dir(trainer))
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        """Read the learning rate of the step: schedulers change it before the batch ends."""
+        if self.scope is None or optimizer is not next(iter(trainer.optimizers), None):
+            return
+        with self._watcher.guard("reading the learning rate"):
+            self._lr = _learning_rate(optimizer)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """Add the batch's loss; after an optimizer step, record the step's scalars."""
+        if self.scope is None:
+            return
+        scalars: dict[str, float | Tensor] | None = None
+        with self._watcher.guard("recording the loss"):
+            scalars = self._scalars_after(trainer, pl_module, outputs)
+        if scalars is not None:
+            self._watcher.step(**scalars)
+
+    def _scalars_after(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any
+    ) -> dict[str, float | Tensor] | None:
+        """The step's scalars if an optimizer step just ended it, else None."""
+        loss = _loss_of(outputs)
+        if loss is not None:
+            self._loss = loss.clone() if self._loss is None else self._loss + loss
+            self._batches += 1
+        optimizers = trainer.optimizers
+        if optimizers and trainer.global_step == self._global_step:
+            return None  # a micro-batch in the middle of an accumulation window
+        self._global_step = trainer.global_step
+        scalars: dict[str, float | Tensor] = {}
+        if self._loss is not None:
+            automatic = pl_module.automatic_optimization  # Lightning divided each loss
+            scalars["loss"] = self._loss if automatic else self._loss / self._batches
+        if self._lr is not None:
+            scalars["lr"] = self._lr
+        self._loss, self._batches, self._lr = None, 0, None
+        return scalars
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Close the run as finished."""
+        self._watcher.close("finished")
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        """Close the run as failed: its hooks go, what it recorded stays."""
+        self._watcher.close("failed")
+
+
+def _log_dir(trainer: pl.Trainer) -> str | None:
+    # trainer.log_dir is a collective under DDP: every rank calls it here, at train start.
+    return trainer.log_dir or trainer.default_root_dir
+
+
+def _loss_of(outputs: Any) -> Tensor | None:
+    """The loss in ``training_step``'s outputs: a tensor, or a mapping's ``"loss"``."""
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    if isinstance(loss, Tensor) and loss.numel() == 1:
+        return loss.detach()
+    return None
+
+
+def _learning_rate(optimizer: Any) -> float | Tensor | None:
+    lr = optimizer.param_groups[0].get("lr")
+    if isinstance(lr, Tensor):  # a capturable optimizer's: copied, a scheduler changes it
+        return lr.detach().clone()
+    return float(lr) if isinstance(lr, int | float) else None
