@@ -77,9 +77,9 @@ def train(recipe: Recipe, path: Path, progress: Callable[[str], None]) -> Result
     start = time.perf_counter()
     with layerscope.watch(model, optimizer=optimizer, run=path, every=EVERY) as scope:
         for epoch in range(EPOCHS):
-            for batch in torch.randperm(TRAIN, generator=order).split(BATCH):
+            for batch in torch.split(torch.randperm(TRAIN, generator=order), BATCH):
                 loss = nn.functional.cross_entropy(model(images[batch]), labels[batch])
-                loss.backward()
+                torch.autograd.backward(loss)
                 optimizer.step()
                 optimizer.zero_grad()
                 scope.step(loss=loss)
