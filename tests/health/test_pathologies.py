@@ -70,6 +70,19 @@ def test_a_relu_layer_driven_dead_is_found():
     assert (dead.value >= 0.99).all()
 
 
+def test_a_dead_layer_is_found_and_not_the_flatten_and_dropout_that_pass_its_zeros_on():
+    model = mlp([8, 32, 32, 1])
+    model.insert(4, nn.Dropout(0.0))  # after the second ReLU: its zeros pass through
+    model.insert(5, nn.Flatten())
+    with torch.no_grad():
+        model[2].bias.fill_(-100.0)
+    scope = train(model, 6)
+    frame = scope.frame()
+    passed_on = frame[frame.module.isin(["4", "5"]) & (frame.kind == "activation")]
+    assert (passed_on.zero_frac == 1.0).all()  # all zero, as the ReLU's output
+    assert set(_alerts(scope, "dead").module) == {"3"}
+
+
 def test_a_deep_sigmoid_stack_has_vanishing_gradients_in_its_first_layers():
     model = mlp([8] + [32] * 20 + [1], activation=nn.Sigmoid)
     scope = train(model, 3)

@@ -11,6 +11,12 @@ from layerscope.health._readings import ModuleOrder, Reading, StepView
 _ADVICE = (
     "a too high learning rate, a large negative bias or a poor initialisation kills ReLU units"
 )
+# Modules that only reshape or pass on their input: zeros there are the layer before's, which
+# has its own alert.
+PASS_THROUGH = frozenset(
+    ("Flatten", "Unflatten", "Identity", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
+     "AlphaDropout", "FeatureAlphaDropout")
+)  # fmt: skip
 
 
 class Dead:
@@ -19,7 +25,8 @@ class Dead:
     That is, a zero fraction of at least ``threshold``, or, where the custom statistic
     ``health.dead_units`` is kept, at least ``units`` of the units dead; either for ``steps``
     recorded training steps in a row. An episode ends when the measure falls below
-    ``clear_below`` times its threshold.
+    ``clear_below`` times its threshold. Modules that only pass their input on (Flatten,
+    Dropout, ...) are left out: their zeros are the alert of the layer before.
 
     Options: ``threshold`` (0.99), ``units`` (0.5), ``steps`` (3), ``clear_below`` (0.9).
     """
@@ -48,6 +55,8 @@ class Dead:
         alerts = []
         for reading in view.first_calls("activation"):
             if reading.nonfinite:  # the nonfinite rule's
+                continue
+            if self._order.type_of(reading.module) in PASS_THROUGH:
                 continue
             for measure, limit in self._limits.items():
                 value = reading.get(measure)
