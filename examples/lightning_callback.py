@@ -64,7 +64,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     # Lightning validates after global step 10, 20...: layerscope's steps 9, 19... (it counts
-    # from 0), so those are the steps to record for the validation to be recorded too.
+    # from 0). Recording those steps puts training and validation rows under the same steps.
     every = layerscope.Schedule(every=10, start=9)
     callback = LayerscopeCallback(every=every, capture=("activation", "grad", "weight", "update"))
     trainer = L.Trainer(

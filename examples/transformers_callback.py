@@ -64,7 +64,7 @@ def main() -> None:
         seed=0,
     )
     # The Trainer evaluates after global step 10, 20...: layerscope's steps 9, 19... (it counts
-    # from 0), so those are the steps to record for the evaluation to be recorded too.
+    # from 0). Recording those steps puts training and evaluation rows under the same steps.
     callback = LayerscopeCallback(every=layerscope.Schedule(every=10, start=9))
     trainer = transformers.Trainer(
         model=model,

@@ -426,6 +426,28 @@ def test_an_evaluation_right_after_a_recorded_step_belongs_to_it():
     assert not frame.duplicated(["step", "phase", "module", "call"]).any()
 
 
+def test_an_evaluation_before_a_recorded_step_is_recorded_under_the_step_it_follows():
+    # A trainer evaluating every 5 of its steps does it after its step 5, 10: steps 4, 9 here.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with layerscope.watch(model, optimizer=optimizer, every=5, capture=("activation",)) as scope:
+        for step in range(12):
+            model(torch.randn(2, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step in (2, 4, 9):  # step 3 is not recorded: the evaluation after 2 is not
+                model.eval()
+                with torch.no_grad():
+                    model(torch.randn(3, 4))
+                model.train()
+    frame = scope.frame()
+    evaluated = frame.query("phase == 'eval'")
+    assert sorted(set(evaluated.step)) == [4, 9]
+    assert set(evaluated.query("module == '0'").numel) == {3 * 8}
+    assert sorted(set(frame.query("phase == 'train'").step)) == [0, 5, 10]
+
+
 def test_forward_passes_through_a_child_merge_like_passes_through_the_root():
     class Wrapper(nn.Module):  # like a LightningModule: training_step calls self.net
         def __init__(self):

@@ -5,7 +5,9 @@ A step is one training iteration. It ends at the optimizer's step (``optimizer=`
 step of its own. A forward pass in evaluation (eval mode or no gradients) never advances the
 step: one that comes right after a step ended, before the next training pass, belongs to the
 step that ended, so that ``if step % 50 == 0: evaluate()`` after ``optimizer.step()`` is
-recorded with step 50. Evaluation in the middle of a step belongs to that step.
+recorded with step 50. It records when that step records or the next one does: a trainer
+evaluating after its global step 100 (step 99 here) is recorded where ``every=100`` records
+step 100. Evaluation in the middle of a step belongs to that step.
 """
 
 from __future__ import annotations
@@ -74,7 +76,11 @@ class StepClock:
             self.watching = self._watches(self.step)
         else:
             self.pass_step = self.step if self._after is None else self._after
-            self.recording = self._schedule.records(self.pass_step)
+            # The evaluation of a step that ended records if that step does, or the next one:
+            # trainers evaluate after their step N (here N - 1), before the recorded step N.
+            self.recording = self._schedule.records(self.pass_step) or (
+                self._after is not None and self.step_records
+            )
             self.watching = False  # the sentinel watches training only
         return closed
 
