@@ -520,3 +520,25 @@ def test_several_optimizers_are_read_around_their_own_steps():
             )
     assert scope.current_step == 3
     assert set(scope.frame().query("kind == 'update'").module) == {"critic", "generator"}
+
+
+def test_a_resumed_training_numbers_its_steps_from_start_step():
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with layerscope.watch(model, optimizer=optimizer, every=5, start_step=1003) as scope:
+        for step in range(8):
+            model(torch.randn(2, 3)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scope.step(loss=float(step))
+    # every=5 is of the step numbers: 1005 and 1010 record, whatever step the training began at.
+    assert sorted(set(scope.frame().step)) == [1005, 1010]
+    assert scope.frame("scalars").step.tolist() == list(range(1003, 1011))
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [(-1, ValueError), (2.0, TypeError), (True, TypeError)]
+)
+def test_start_step_must_be_a_count(value, error):
+    with pytest.raises(error, match="start_step: expected an int >= 0"):
+        layerscope.watch(nn.Linear(2, 2), start_step=value)

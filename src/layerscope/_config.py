@@ -31,6 +31,7 @@ class WatchConfig:
     histogram: HistogramSpec | None
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     ranks: str = "each"  # "each": a rank's rows are its own; "merge": whole-job rows
+    start_step: int = 0  # the first step's number: a resumed training's global step
 
     @classmethod
     def from_arguments(
@@ -46,6 +47,7 @@ class WatchConfig:
         histogram: object,
         alerts: object = True,
         ranks: object = "each",
+        start_step: object = 0,
     ) -> WatchConfig:
         """Validate ``watch()``'s arguments; errors name the argument and what was expected."""
         parsed_stats = parse_stats(stats)
@@ -62,6 +64,7 @@ class WatchConfig:
             histogram=spec if "hist" in parsed_stats.builtin else None,
             alerts=parse_alerts(alerts),
             ranks=parse_ranks(ranks),
+            start_step=parse_start_step(start_step),
         )
 
     def histogram_edges(self) -> list[float] | None:
@@ -87,6 +90,7 @@ class WatchConfig:
             "histogram": histogram_to_dict(self.histogram),
             "alerts": self.alerts.to_dict(),
             "ranks": self.ranks,
+            "start_step": self.start_step,
         }
 
 
@@ -95,6 +99,15 @@ def parse_ranks(ranks: object) -> str:
     if ranks not in RANKS:
         raise ValueError(f"ranks: expected one of {RANKS}, got {ranks!r}")
     return str(ranks)
+
+
+def parse_start_step(start_step: object) -> int:
+    """An int ``>= 0``, or a TypeError or ValueError naming ``start_step``."""
+    if isinstance(start_step, bool) or not isinstance(start_step, int):
+        raise TypeError(f"start_step: expected an int >= 0, got {type(start_step).__name__}")
+    if start_step < 0:
+        raise ValueError(f"start_step: expected an int >= 0, got {start_step}")
+    return start_step
 
 
 def histogram_to_dict(spec: HistogramSpec | None) -> dict[str, Any] | None:

@@ -77,7 +77,9 @@ class Scope:
         # The sentinel watches activations and output gradients on the steps not recorded.
         sentinel = bool(config.kinds & {Kind.ACTIVATION, Kind.GRAD})
         self._stops = config.alerts.raise_on_nonfinite
-        self._clock = StepClock(stop_schedule(config), sentinel, self._on_accelerator)
+        self._clock = StepClock(
+            stop_schedule(config), sentinel, self._on_accelerator, config.start_step
+        )
         self._closed = False
         self._identities = Identities()
 

@@ -25,12 +25,16 @@ class StepClock:
     """
 
     def __init__(
-        self, schedule: Schedule, has_sentinel: bool, on_accelerator: Callable[[], bool]
+        self,
+        schedule: Schedule,
+        has_sentinel: bool,
+        on_accelerator: Callable[[], bool],
+        first_step: int = 0,
     ) -> None:
         self._schedule = schedule
         self._has_sentinel = has_sentinel
         self._on_accelerator = on_accelerator
-        self.step = 0  # the training step in progress
+        self.step = first_step  # the training step in progress
         self.pass_step = 0  # the step the pass in progress records under
         self.training = True  # the pass in progress is a training pass
         self.recording = False  # the hooks record now

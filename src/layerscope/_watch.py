@@ -30,6 +30,7 @@ def watch(
     alerts: bool | str | dict[str, Any] = True,
     sinks: Sequence[Sink] = (),
     ranks: str = "each",
+    start_step: int = 0,
 ) -> Scope:
     """Record statistics of every layer of ``model`` while it trains.
 
@@ -70,6 +71,8 @@ def watch(
             shards them. Every rank must call ``watch`` (it makes a process group) and
             record the same steps; rows then appear at every ``flush_steps``-th recorded
             step rather than on a timer. Scalars and sentinel rows stay each rank's own.
+        start_step: the number of the first step: a training resumed from a checkpoint
+            passes the steps it had done, so that its steps (and ``every``) go on from there.
 
     Returns:
         A ``Scope``: a context manager whose exit removes every hook.
@@ -105,6 +108,7 @@ def watch(
         histogram=histogram,
         alerts=alerts,
         ranks=ranks,
+        start_step=start_step,
     )
     store = None
     if run is not None:

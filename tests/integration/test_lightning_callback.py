@@ -331,3 +331,31 @@ def test_under_ddp_every_rank_writes_into_the_one_run(tmp_path):
         rows = select(run.stats, rank=rank)
         assert sorted(set(select(rows, phase="train").step)) == [0, 1, 2]
         assert sorted(set(select(rows, phase="eval").step)) == [1]
+
+
+def test_a_fit_resumed_from_a_checkpoint_goes_on_from_its_global_step(tmp_path):
+    def trainer(steps, callback):
+        return L.Trainer(
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            default_root_dir=tmp_path,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            max_steps=steps,
+            limit_val_batches=0,
+            callbacks=[callback],
+        )
+
+    first = LayerscopeCallback(every=1, run=tmp_path / "first")
+    before = trainer(2, first)
+    before.fit(Regression(), _loader(8 * BATCH, seed=1))
+    before.save_checkpoint(tmp_path / "step2.ckpt")
+    second = LayerscopeCallback(every=1, run=tmp_path / "second")
+    after = trainer(4, second)
+    after.fit(Regression(), _loader(8 * BATCH, seed=1), ckpt_path=tmp_path / "step2.ckpt")
+    assert sorted(set(layerscope.load(tmp_path / "first").stats.step)) == [0, 1]
+    resumed = layerscope.load(tmp_path / "second")
+    assert sorted(set(resumed.stats.step)) == [2, 3]
+    assert resumed.scalars[resumed.scalars.name == "loss"].step.tolist() == [2, 3]

@@ -114,10 +114,13 @@ class Watcher:
         model: Any,
         optimizers: Sequence[Any],
         default_parent: Callable[[], str | None],
+        global_step: int = 0,
     ) -> None:
         """Watch ``model`` stepped by ``optimizers`` (the first one's step ends a step).
 
         ``model`` comes from the trainer, untyped: ``watch()`` refuses what is not a module.
+        ``global_step`` is the steps the trainer has done (a resumed training's): the first
+        step is numbered so, unless ``start_step=`` says otherwise.
 
         A scope still open (a training run that raised where no hook saw it) is closed first,
         as failed. If watching fails, that warns once and training goes on unwatched.
@@ -130,6 +133,7 @@ class Watcher:
             if "run" not in options:
                 parent = default_parent()
                 options["run"] = fresh_run_dir(parent if parent is not None else os.getcwd())
+            options.setdefault("start_step", int(global_step))
             optimizer = optimizers[0] if len(optimizers) == 1 else list(optimizers) or None
             self.scope = watch(model, optimizer=optimizer, **options)
             self._open = True

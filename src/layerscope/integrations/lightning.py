@@ -40,8 +40,9 @@ class LayerscopeCallback(pl.Callback):
     The run goes to ``<trainer.log_dir>/layerscope`` (the logger's versioned directory for the
     CSV and TensorBoard loggers, ``default_root_dir`` without a logger), or
     ``layerscope-2``, ``-3``... when a run is there already. ``run=`` chooses the directory;
-    ``run=None`` keeps the run in memory (``callback.scope.frame()``). Steps count from 0 at
-    the start of each ``fit``, resumed ones included. With several optimizers, all of them are
+    ``run=None`` keeps the run in memory (``callback.scope.frame()``). Steps go on from the
+    trainer's global step: a fit resumed from a checkpoint at global step G records its first
+    step as G (``start_step=`` sets another). With several optimizers, all of them are
     watched and the first one's step ends a step.
 
     Monitoring never stops training: if something in layerscope fails in a hook, that warns
@@ -93,7 +94,9 @@ class LayerscopeCallback(pl.Callback):
         """Watch the module with the trainer's optimizers."""
         self._global_step = trainer.global_step
         self._loss, self._batches, self._lr = None, 0, None
-        self._watcher.start(pl_module, trainer.optimizers, lambda: _log_dir(trainer))
+        self._watcher.start(
+            pl_module, trainer.optimizers, lambda: _log_dir(trainer), trainer.global_step
+        )
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any

@@ -47,8 +47,9 @@ class LayerscopeCallback(TrainerCallback):
 
     The run goes to ``<args.output_dir>/layerscope``, or ``layerscope-2``, ``-3``... when a
     run is there already. ``run=`` chooses the directory; ``run=None`` keeps the run in memory
-    (``callback.scope.frame()``). Steps count from 0 at the start of each ``train()``,
-    resumed ones included.
+    (``callback.scope.frame()``). Steps go on from the Trainer's global step: training
+    resumed from a checkpoint at global step G records its first step as G (``start_step=``
+    sets another).
 
     Monitoring never stops training: if something in layerscope fails in a hook, that warns
     once (``layerscope.LayerscopeWarning``) and is counted in ``failures``. Only
@@ -105,6 +106,7 @@ class LayerscopeCallback(TrainerCallback):
             kwargs.get("model"),
             [] if optimizer is None else [optimizer],
             lambda: args.output_dir,
+            state.global_step,
         )
 
     def on_step_end(
