@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from tests.distributed.conftest import launch
 
 import layerscope
-from tests.distributed.conftest import launch
 
 pytestmark = pytest.mark.slow  # one torchrun launch
 

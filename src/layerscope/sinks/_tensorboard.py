@@ -9,13 +9,17 @@ from typing import Any
 
 from layerscope._imports import require
 from layerscope.sinks._base import Records, RunInfo, RunSummary
+from layerscope.sinks._tags import DEFAULT_STATS, TaggedRow, as_list, chosen_stats, tagged_rows
+
+_QUEUE = 4096  # events the writer's thread may hold before an add waits
 
 
 class TensorBoard:
     """Writes each recorded tensor's statistics as TensorBoard scalars and its histogram.
 
-    Tags read ``{phase}/{kind}/{module}/{tensor}/{stat}``; the root module is ``<root>``, and
-    a module's second and later calls in a step add ``#{call}`` to the tensor (``out#1``).
+    Tags read ``{phase}/{kind}/{module}/{tensor}/{stat}``, as in the W&B and MLflow sinks; the
+    root module is ``<root>``, and a module's second and later calls in a step add ``#{call}``
+    to the tensor (``out#1``).
     A log2 histogram shows as a histogram of ``|x|`` over its power-of-two bins. Scalars from
     ``scope.step(**scalars)`` keep their own names. Needs ``layerscope[tensorboard]``.
 
@@ -33,11 +37,11 @@ class TensorBoard:
         self,
         logdir: str | os.PathLike[str],
         *,
-        stats: Sequence[str] = ("mean", "std", "absmax", "l2", "zero_frac", "nan_count"),
+        stats: str | Sequence[str] = DEFAULT_STATS,
         histograms: bool = True,
     ) -> None:
         self.logdir = os.fspath(logdir)
-        self.stats = (stats,) if isinstance(stats, str) else tuple(stats)
+        self.stats = chosen_stats(stats)
         self.histograms = histograms
         self._writer: Any = None
         self._edges: list[float] | None = None
@@ -48,7 +52,8 @@ class TensorBoard:
         require("tensorboard", "tensorboard")
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(self.logdir)
+        # A queue of 10 events (the default) made every add wait for the writer's thread.
+        self._writer = SummaryWriter(self.logdir, max_queue=_QUEUE)
         self._edges = info.histogram_edges
         histogram = info.config.get("histogram") or {}
         self._log2 = histogram.get("kind") == "log2"
@@ -62,47 +67,44 @@ class TensorBoard:
         if chunk is None:
             return
         columns = chunk.columns()
-        values = {name: _as_list(columns[name]) for name in self.stats if name in columns}
-        steps = _as_list(columns["step"])
-        has_histogram = chunk.hist_valid() if chunk.hist is not None else []
-        for row in range(len(chunk)):
-            module = columns["module"][row] or "<root>"
-            phase, kind = columns["phase"][row], columns["kind"][row]
-            call = columns["call"][row]
-            tensor = columns["tensor"][row] + (f"#{call}" if call else "")
-            tag = f"{phase}/{kind}/{module}/{tensor}"
-            for name, column in values.items():
-                value = column[row]
-                if value is not None and not (isinstance(value, float) and math.isnan(value)):
-                    writer.add_scalar(f"{tag}/{name}", value, steps[row])
-            if self.histograms and chunk.hist is not None and has_histogram[row]:
-                counts = [int(count) for count in chunk.hist[row].tolist()]
-                self._histogram(tag, steps[row], counts, columns, row)
+        # The columns a histogram's summary needs, as lists once: indexing a tensor per row
+        # cost more than the rest of the write.
+        needed = ("numel", "mean", "l2", "nan_count", "inf_count", "min", "max", "absmax")
+        lists = {name: as_list(columns[name]) for name in needed if name in columns}
+        for row in tagged_rows(chunk, self.stats, self.histograms):
+            for name, value in row.values.items():
+                writer.add_scalar(f"{row.tag}/{name}", value, row.step)
+            if row.counts is not None:
+                self._histogram(row, lists)
 
-    def _histogram(self, tag: str, step: int, counts: list[int], columns: Any, row: int) -> None:
-        nonzero = [slot for slot, count in enumerate(counts) if count]
-        if not nonzero or self._edges is None:
+    def _histogram(self, row: TaggedRow, lists: dict[str, list[Any]]) -> None:
+        counts, first = row.counts, row.first
+        if not counts or self._edges is None:
             return
-        first, last = nonzero[0], nonzero[-1]
         # Upper limit of each slot; the last slot (non-finite or overflow) gets a finite one.
         uppers = [*self._edges[1:], math.inf]
-        limits = [u if math.isfinite(u) else 3.4e38 for u in uppers[first : last + 1]]
-        numel = int(_as_list(columns["numel"])[row])
-        mean, l2 = _value(columns, "mean", row), _value(columns, "l2", row)
-        finite = numel - int(_value(columns, "nan_count", row) or 0)
-        finite -= int(_value(columns, "inf_count", row) or 0)
-        low = 0.0 if self._log2 else _value(columns, "min", row)
-        high = _value(columns, "absmax" if self._log2 else "max", row)
+        limits = [u if math.isfinite(u) else 3.4e38 for u in uppers[first : first + len(counts)]]
+
+        def value(name: str) -> float | None:
+            found = lists.get(name)
+            cell = found[row.index] if found is not None else None
+            return float(cell) if cell is not None else None
+
+        mean, l2 = value("mean"), value("l2")
+        finite = int(value("numel") or 0) - int(value("nan_count") or 0)
+        finite -= int(value("inf_count") or 0)
+        low = 0.0 if self._log2 else value("min")
+        high = value("absmax" if self._log2 else "max")
         self._writer.add_histogram_raw(
-            tag,
+            row.tag,
             min=_finite(low, limits[0]),
             max=_finite(high, limits[-1]),
             num=sum(counts),
             sum=_finite(mean * finite if mean is not None else None, 0.0),
             sum_squares=_finite(l2 * l2 if l2 is not None else None, 0.0),
             bucket_limits=limits,
-            bucket_counts=counts[first : last + 1],
-            global_step=step,
+            bucket_counts=counts,
+            global_step=row.step,
         )
 
     def flush(self) -> None:
@@ -114,17 +116,6 @@ class TensorBoard:
         """Close the event file."""
         if self._writer is not None:
             self._writer.close()
-
-
-def _as_list(column: Any) -> list[Any]:
-    return column.tolist() if hasattr(column, "tolist") else list(column)
-
-
-def _value(columns: Any, name: str, row: int) -> float | None:
-    if name not in columns:
-        return None
-    value = columns[name][row]
-    return float(value) if value is not None else None
 
 
 def _finite(value: float | None, fallback: float) -> float:
