@@ -1,4 +1,4 @@
-"""The ``layerscope`` command: ``summary RUN``, ``diff RUN_A RUN_B``, ``runs [DIR]``, ``plot RUN``.
+"""The ``layerscope`` command: ``demo``, ``summary RUN``, ``diff``, ``runs``, ``plot``, ``export``.
 
 Each subcommand is a module with ``add_parser(subparsers)``, which adds its parser and
 returns it, and ``run(args)``, which does the work and returns the exit status: adding a
