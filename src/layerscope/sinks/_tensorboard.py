@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import time
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,7 +13,7 @@ from layerscope._imports import require
 from layerscope.sinks._base import Records, RunInfo, RunSummary
 from layerscope.sinks._tags import DEFAULT_STATS, TaggedRow, as_list, chosen_stats, tagged_rows
 
-_QUEUE = 4096  # events the writer's thread may hold before an add waits
+_QUEUE = 4096  # events the event writer's thread may hold before an add waits
 
 
 class TensorBoard:
@@ -50,37 +52,57 @@ class TensorBoard:
     def start(self, info: RunInfo) -> None:
         """Open the event file (imports tensorboard here, not at ``import layerscope``)."""
         require("tensorboard", "tensorboard")
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        # A queue of 10 events (the default) made every add wait for the writer's thread.
-        self._writer = SummaryWriter(self.logdir, max_queue=_QUEUE)
+        self._writer = EventFileWriter(self.logdir, max_queue_size=_QUEUE)
         self._edges = info.histogram_edges
         histogram = info.config.get("histogram") or {}
         self._log2 = histogram.get("kind") == "log2"
 
     def write(self, records: Records) -> None:
-        """Add one scalar per statistic and row, one histogram per row, and the scalars."""
-        writer = self._writer
-        for step, name, value in records.scalars:
-            writer.add_scalar(name, value, step)
-        chunk = records.stats
-        if chunk is None:
-            return
-        columns = chunk.columns()
-        # The columns a histogram's summary needs, as lists once: indexing a tensor per row
-        # cost more than the rest of the write.
-        needed = ("numel", "mean", "l2", "nan_count", "inf_count", "min", "max", "absmax")
-        lists = {name: as_list(columns[name]) for name in needed if name in columns}
-        for row in tagged_rows(chunk, self.stats, self.histograms):
-            for name, value in row.values.items():
-                writer.add_scalar(f"{row.tag}/{name}", value, row.step)
-            if row.counts is not None:
-                self._histogram(row, lists)
+        """Write one event per step: its scalars, a value per statistic and row, histograms.
 
-    def _histogram(self, row: TaggedRow, lists: dict[str, list[Any]]) -> None:
+        One event holding all of a step's values, where an event a value cost a protocol
+        buffer and a checksum each: the most of the sink's time.
+        """
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values: dict[int, list[Any]] = defaultdict(list)
+        for step, name, value in records.scalars:
+            values[step].append(Summary.Value(tag=name, simple_value=value))
+        chunk = records.stats
+        if chunk is not None:
+            columns = chunk.columns()
+            # The columns a histogram's summary needs, as lists once: indexing a tensor per
+            # row cost more than the rest of the write.
+            needed = ("numel", "mean", "l2", "nan_count", "inf_count", "min", "max", "absmax")
+            lists = {name: as_list(columns[name]) for name in needed if name in columns}
+            for row in tagged_rows(chunk, self.stats, self.histograms):
+                added = values[row.step]
+                for name, value in row.values.items():
+                    added.append(Summary.Value(tag=f"{row.tag}/{name}", simple_value=value))
+                if row.counts is not None:
+                    histogram = self._histogram(row, lists)
+                    if histogram is not None:
+                        added.append(Summary.Value(tag=row.tag, histo=histogram))
+        self._add_events(values)
+
+    def _add_events(self, values: dict[int, list[Any]]) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        now = time.time()
+        for step in sorted(values):
+            summary = Summary(value=values[step])
+            self._writer.add_event(Event(wall_time=now, step=step, summary=summary))
+
+    def _histogram(self, row: TaggedRow, lists: dict[str, list[Any]]) -> Any:
+        """The histogram of ``row`` as TensorBoard's protocol buffer; None if it is empty."""
+        from tensorboard.compat.proto.summary_pb2 import HistogramProto
+
         counts, first = row.counts, row.first
         if not counts or self._edges is None:
-            return
+            return None
         # Upper limit of each slot; the last slot (non-finite or overflow) gets a finite one.
         uppers = [*self._edges[1:], math.inf]
         limits = [u if math.isfinite(u) else 3.4e38 for u in uppers[first : first + len(counts)]]
@@ -95,16 +117,14 @@ class TensorBoard:
         finite -= int(value("inf_count") or 0)
         low = 0.0 if self._log2 else value("min")
         high = value("absmax" if self._log2 else "max")
-        self._writer.add_histogram_raw(
-            row.tag,
+        return HistogramProto(
             min=_finite(low, limits[0]),
             max=_finite(high, limits[-1]),
             num=sum(counts),
             sum=_finite(mean * finite if mean is not None else None, 0.0),
             sum_squares=_finite(l2 * l2 if l2 is not None else None, 0.0),
-            bucket_limits=limits,
-            bucket_counts=counts,
-            global_step=row.step,
+            bucket_limit=limits,
+            bucket=counts,
         )
 
     def flush(self) -> None:
