@@ -16,6 +16,7 @@ loaded with ``ranks="merge"``).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,89 +32,105 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
+def run_job(
+    kind: str,
+    rank: int,
+    run: str,
+    ranks: str,
+    after_step: Callable[[int], None] = lambda step: None,
+    models: tuple[nn.Module, nn.Module] | None = None,
+) -> layerscope.Scope:
+    """Train the job's model on this rank's batches, watched into ``run``; its scope.
+
+    ``after_step(step)`` runs after each optimizer step (the references' reads); ``models``
+    is the model to train and the module named in the run (a fresh one if not given). Under
+    DDP, rank 0 alone evaluates after step 1: rows rank 1 never has, merged all the same.
+    """
+    model, inner = models or wrapped(kind)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    capture = ("activation", "weight")
+    with layerscope.watch(
+        model, optimizer=optimizer, every=1, run=run, ranks=ranks, capture=capture, alerts=False
+    ) as scope:
+        for step, x in enumerate(batches(rank)):
+            model(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if kind == "ddp" and step == 1 and rank == 0:
+                inner.eval()
+                with torch.no_grad():
+                    inner(x[:3])
+                inner.train()
+            after_step(step)
+    return scope
+
+
+class References:
+    """Each layer's outputs on this rank, and each parameter whole after each step."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        self.inner = inner
+        self.outputs: dict[str, list[torch.Tensor]] = {}
+        self.weights: list[dict[str, Any]] = []
+        self.step = 0
+        self.handles = [m.register_forward_hook(self._keep(n)) for n, m in inner.named_children()]
+
+    def _keep(self, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+            phase = "train" if module.training else "eval"
+            key = f"{phase}/{self.step}/{name}"
+            self.outputs.setdefault(key, []).append(output.detach().clone())
+
+        return hook
+
+    def after_step(self, step: int) -> None:
+        for name, param in self.inner.named_parameters():
+            full = whole(param.detach())  # a collective under FSDP2: every rank
+            module, _, tensor = name.rpartition(".")
+            self.weights.append(
+                {"step": step, "module": module, "tensor": tensor} | reference_stats(full)
+            )
+        self.step = step + 1
+
+    def activations(self, world: int, rank: int) -> list[dict[str, Any]] | None:
+        """Rank 0: statistics of each output over every rank's batch; None elsewhere."""
+        for handle in self.handles:
+            handle.remove()
+        gathered: list[Any] = [None] * world
+        mine = {key: [tensor.tolist() for tensor in kept] for key, kept in self.outputs.items()}
+        dist.all_gather_object(gathered, mine)
+        if rank != 0:
+            return None
+        rows = []
+        for key in sorted(gathered[0]):
+            phase, step, module = key.split("/")
+            parts = [torch.tensor(t) for per in gathered for t in per.get(key, [])]
+            flat = torch.cat([part.reshape(-1) for part in parts])
+            rows.append(
+                {"phase": phase, "step": int(step), "module": module} | reference_stats(flat)
+            )
+        return rows
+
+
 def main(kind: str, directory: str) -> None:
     rank, world = start()
     try:
         model, inner = wrapped(kind)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        outputs: dict[str, list[torch.Tensor]] = {}
-        step_of = [0]
-
-        def keep(name: str):
-            def hook(module: nn.Module, args: Any, output: torch.Tensor) -> None:
-                phase = "train" if module.training else "eval"
-                key = f"{phase}/{step_of[0]}/{name}"
-                outputs.setdefault(key, []).append(output.detach().clone())
-
-            return hook
-
-        handles = [m.register_forward_hook(keep(n)) for n, m in inner.named_children()]
-        weights: list[dict[str, Any]] = []
-        scope = layerscope.watch(
-            model,
-            optimizer=optimizer,
-            every=1,
-            run=f"{directory}/run",
-            ranks="merge",
-            capture=("activation", "weight"),
-            alerts=False,
-        )
-        with scope:
-            for step, x in enumerate(batches(rank)):
-                step_of[0] = step
-                model(x).square().mean().backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                if kind == "ddp" and step == 1 and rank == 0:
-                    # An evaluation on rank 0 alone: rows rank 1 never has, merged all the same.
-                    inner.eval()
-                    with torch.no_grad():
-                        inner(x[:3])
-                    inner.train()
-                for name, param in inner.named_parameters():
-                    full = whole(param.detach())  # a collective under FSDP2: every rank
-                    module, _, tensor = name.rpartition(".")
-                    weights.append(
-                        {"step": step, "module": module, "tensor": tensor} | reference_stats(full)
-                    )
-        for handle in handles:
-            handle.remove()
-        gathered: list[Any] = [None] * world
-        mine = {key: [tensor.tolist() for tensor in kept] for key, kept in outputs.items()}
-        dist.all_gather_object(gathered, mine)
+        references = References(inner)
+        run = f"{directory}/run"
+        scope = run_job(kind, rank, run, "merge", references.after_step, (model, inner))
+        activations = references.activations(world, rank)
         if rank == 0:
-            activations = []
-            for key in sorted(gathered[0]):
-                phase, step, module = key.split("/")
-                parts = [torch.tensor(t) for per in gathered for t in per.get(key, [])]
-                flat = torch.cat([part.reshape(-1) for part in parts])
-                activations.append(
-                    {"phase": phase, "step": int(step), "module": module} | reference_stats(flat)
-                )
             write_json(
                 f"{directory}/expected.json",
-                {"activations": activations, "weights": weights, "failures": scope.failures},
+                {
+                    "activations": activations,
+                    "weights": references.weights,
+                    "failures": scope.failures,
+                },
             )
         # The same training again, each rank's rows its own: merged by the reader instead.
-        model, inner = wrapped(kind)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        with layerscope.watch(
-            model,
-            optimizer=optimizer,
-            every=1,
-            run=f"{directory}/each",
-            capture=("activation", "weight"),
-            alerts=False,
-        ):
-            for step, x in enumerate(batches(rank)):
-                model(x).square().mean().backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                if kind == "ddp" and step == 1 and rank == 0:
-                    inner.eval()
-                    with torch.no_grad():
-                        inner(x[:3])
-                    inner.train()
+        run_job(kind, rank, f"{directory}/each", "each")
         dist.barrier()  # every rank has closed its scopes
         if rank == 0:
             save_loaded_run(f"{directory}/run", f"{directory}/loaded.json")
