@@ -1,0 +1,1 @@
+layerscope demo

@@ -1,0 +1,1 @@
+python examples/transformers_callback.py

@@ -1,0 +1,1 @@
+python examples/lightning_callback.py

@@ -1,0 +1,4 @@
+import layerscope
+
+for rule, options in layerscope.health.parse_alerts(True).rules.items():
+    print(f"{rule:17} {options}")

@@ -1,0 +1,139 @@
+"""The documentation site builds strictly, documents the public API, and shows real output."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import layerscope
+
+ROOT = Path(__file__).resolve().parents[1]
+SNIPPETS = ROOT / "docs" / "snippets"
+
+# Each API page and the objects it must document, by the anchor mkdocstrings gives them.
+API_PAGES = {
+    "reference/watch": ["layerscope.watch", "layerscope.Scope", "layerscope.Scope.step"],
+    "reference/run": [
+        "layerscope.load",
+        "layerscope.Run",
+        "layerscope.Run.sql",
+        "layerscope.Run.stats",
+        "layerscope.runs",
+        "layerscope.store.ParquetStore",
+    ],
+    "reference/schedule": ["layerscope.Schedule"],
+    "reference/plots": [
+        "layerscope.plots.RunPlots",
+        "layerscope.plots.RunPlots.stats",
+        "layerscope.animate",
+    ],
+    "reference/sinks": [
+        "layerscope.sinks.Sink",
+        "layerscope.sinks.TensorBoard",
+        "layerscope.sinks.WandB",
+        "layerscope.sinks.MLflow",
+        "layerscope.sinks.NullSink",
+        "layerscope.sinks.MemorySink",
+    ],
+    "reference/health": ["layerscope.health.RULES", "layerscope.health.dead_units"],
+    "reference/integrations": [
+        "layerscope.integrations.lightning.LayerscopeCallback",
+        "layerscope.integrations.transformers.LayerscopeCallback",
+    ],
+    "reference/misc": ["layerscope.NonFiniteError", "layerscope.Kind"],
+}
+
+# Snippets whose output does not depend on the time, the machine's name or a random id: the
+# pages show what they print, and running them again prints the same.
+STABLE_SNIPPETS = ["quickstart", "memory", "merging", "recorded", "steps", "nan", "sql", "rules"]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("mkdocs", reason="the docs need: pip install -e '.[docs]'")
+    pytest.importorskip("mkdocstrings_handlers.python", reason="pip install -e '.[docs]'")
+    out = tmp_path_factory.mktemp("site")
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "WARNING" not in result.stderr, result.stderr
+    return out
+
+
+def _page(site: Path, name: str) -> str:
+    return (site / name / "index.html").read_text(encoding="utf-8")
+
+
+def _text(page: str) -> str:
+    """The page's text: tags (syntax highlighting's spans among them) out, entities decoded."""
+    return html.unescape(re.sub(r"<[^>]+>", "", page))
+
+
+@pytest.mark.parametrize("page", sorted(API_PAGES))
+def test_api_pages_document_their_objects(site: Path, page: str) -> None:
+    html = _page(site, page)
+    missing = [name for name in API_PAGES[page] if f'id="{name}"' not in html]
+    assert not missing, f"{page} lacks {missing}"
+
+
+def test_every_public_class_and_function_is_in_the_api_reference(site: Path) -> None:
+    html = "".join(_page(site, page) for page in API_PAGES)
+    public = [
+        name
+        for name in layerscope.__all__
+        if isinstance(getattr(layerscope, name), type) or callable(getattr(layerscope, name))
+    ]
+    assert "watch" in public
+    missing = [name for name in public if f'id="layerscope.{name}"' not in html]
+    assert not missing
+
+
+def test_examples_render_as_code_not_quotes(site: Path) -> None:
+    # The docstrings' "Example:" sections hold ">>>" lines: code, not nested block quotes.
+    html = _page(site, "reference/schedule")
+    assert "<blockquote>" not in html
+    assert "schedule.records(step)" in _text(html)
+
+
+def test_pages_show_the_code_and_output_of_their_snippets(site: Path) -> None:
+    page = _text(_page(site, "quickstart"))
+    code = (SNIPPETS / "quickstart.py").read_text().splitlines()
+    output = (SNIPPETS / "quickstart.out").read_text().splitlines()
+    for line in [code[9], *output[:3]]:  # the watch line, the run, the table's first rows
+        assert line in page
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", STABLE_SNIPPETS)
+def test_snippet_prints_what_its_page_shows(tmp_path: Path, name: str) -> None:
+    pytest.importorskip("pandas")
+    pytest.importorskip("duckdb")
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(SNIPPETS / f"{name}.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    shown = (SNIPPETS / f"{name}.out").read_text()
+    assert result.stdout + result.stderr == shown or _same_lines(result, shown)
+
+
+def _same_lines(result: subprocess.CompletedProcess[str], shown: str) -> bool:
+    """The page captured stdout and stderr together; their lines interleave by timing."""
+    printed = sorted((result.stdout + result.stderr).splitlines())
+    return printed == sorted(shown.splitlines())
