@@ -1,6 +1,6 @@
 """layerscope: see inside every layer of a PyTorch model while it trains.
 
-Example:
+Examples:
     >>> import torch, layerscope
     >>> model = torch.nn.Linear(4, 2)
     >>> with layerscope.watch(model, every=1) as scope:

@@ -116,7 +116,7 @@ def histogram_to_dict(spec: HistogramSpec | None) -> dict[str, Any] | None:
     ``{"kind": "log2", "slots": 256}``, ``{"kind": "linear", "lo": ..., "hi": ..., "bins":
     ...}``, or None.
 
-    Example:
+    Examples:
         >>> histogram_to_dict(LinearHistogram(0.0, 1.0, 4))
         {'kind': 'linear', 'lo': 0.0, 'hi': 1.0, 'bins': 4}
     """

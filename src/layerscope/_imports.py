@@ -9,7 +9,7 @@ from types import ModuleType
 def require(module: str, extra: str) -> ModuleType:
     """Import ``module`` or raise an ImportError naming the extra that provides it.
 
-    Example:
+    Examples:
         >>> require("json", "dataframe").__name__
         'json'
     """

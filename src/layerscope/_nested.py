@@ -22,7 +22,7 @@ def values_of(tensor: Tensor) -> Tensor:
     transposed strided one gives a copy, and a narrowed jagged one (with ``lengths()``) a copy
     that reads its lengths back from the device. A plain tensor costs one attribute check.
 
-    Example:
+    Examples:
         >>> import torch
         >>> nested = torch.nested.nested_tensor([torch.ones(2, 3), torch.zeros(1, 3)])
         >>> values_of(nested).tolist()
@@ -62,7 +62,7 @@ def shape_of(tensor: Tensor) -> tuple[int, ...]:
     dimension). ``numel`` tells how many elements there are. No host sync: the strided
     layout keeps its components' sizes on the host, the jagged one its ragged size symbolic.
 
-    Example:
+    Examples:
         >>> import torch
         >>> shape_of(torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)]))
         (2, -1, 3)

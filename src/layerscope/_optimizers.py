@@ -19,7 +19,7 @@ _WRAPPED = ("optimizer", "_optimizer")  # accelerate, Lightning
 def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
     """The optimizer whose ``step()`` runs, with its step hooks; TypeError naming ``optimizer``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> sgd = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
         >>> unwrap_optimizer(sgd) is sgd

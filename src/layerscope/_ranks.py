@@ -20,7 +20,7 @@ class ProcessRank:
     environment does (torchrun sets ``RANK`` and ``WORLD_SIZE`` before the script starts). A
     process with neither is rank 0 of 1 once fixed.
 
-    Example:
+    Examples:
         >>> place = ProcessRank()
         >>> place.fix()  # no process group, no launcher
         (0, 1)

@@ -75,7 +75,7 @@ def group_readings(keys: Tensor, replaces: Tensor) -> Grouping:
     A replacing reading drops the readings of its group before it: a group holds its last
     replacing reading and those after it, or all its readings where none replaces.
 
-    Example:
+    Examples:
         >>> g = group_readings(torch.tensor([7, 3, 7, 3]), torch.tensor([0, 1, 0, 1]))
         >>> g.first.tolist(), g.group.tolist(), g.kept.tolist()
         ([0, 1], [0, 1, 0, 1], [True, False, True, True])

@@ -25,7 +25,7 @@ class Schedule:
         sentinel: watch the steps that are not recorded with the sentinel: None for on an
             accelerator only, True, or False.
 
-    Example:
+    Examples:
         >>> schedule = Schedule(every=10, dense=3)
         >>> [step for step in range(25) if schedule.records(step)]
         [0, 1, 2, 10, 20]

@@ -206,7 +206,7 @@ class Scope:
         Scalar tensors are kept on their device until the next flush, so passing ``loss``
         costs no host sync.
 
-        Example:
+        Examples:
             >>> import torch, layerscope
             >>> model = torch.nn.Linear(3, 1)
             >>> with layerscope.watch(model, every=1) as scope:

@@ -34,7 +34,7 @@ def local_tensor(tensor: Tensor) -> Tensor:
         node made for it, and possibly empty (an uneven shard). Whatever the placements,
         nothing is gathered or reduced. Any other tensor is returned unchanged.
 
-    Example:
+    Examples:
         >>> x = torch.ones(3)
         >>> local_tensor(x) is x
         True
@@ -63,7 +63,7 @@ def shard_label(tensor: Tensor) -> str | None:
         ``"i/n"``; None for a tensor that is not a DTensor, for a DTensor sharded along no
         mesh dim (each rank holds a replica), and on a rank outside the tensor's mesh.
 
-    Example:
+    Examples:
         >>> shard_label(torch.ones(3)) is None
         True
     """

@@ -18,7 +18,7 @@ def named_tensors(value: object, prefix: str, depth: int = 0) -> Iterator[tuple[
     whatever its kind: a nested tensor is not walked into its components, and a subclass
     (``Parameter``, ``DTensor``, a wrapper subclass) comes out as it is.
 
-    Example:
+    Examples:
         >>> import torch
         >>> [name for name, _ in named_tensors((torch.ones(1), {"h": torch.ones(1)}), "out")]
         ['out.0', 'out.1.h']

@@ -83,7 +83,7 @@ def watch(
             without an optimizer, a selection that matches no module, or ``ranks`` not
             ``"each"`` or ``"merge"``.
 
-    Example:
+    Examples:
         >>> import torch, layerscope
         >>> from torch import nn
         >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))

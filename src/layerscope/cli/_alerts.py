@@ -36,7 +36,7 @@ def severity_counts(run: Run) -> dict[str, int]:
 def count_line(counts: dict[str, int]) -> str:
     """``3 alerts (1 error, 2 warning)``, or ``no alerts``.
 
-    Example:
+    Examples:
         >>> count_line({"error": 1, "warning": 2}), count_line({"info": 1}), count_line({})
         ('3 alerts (1 error, 2 warning)', '1 alert (1 info)', 'no alerts')
     """

@@ -62,7 +62,7 @@ def relative_difference(a: float, b: float) -> float:
     Equal values (NaN and NaN too) differ by 0; a value against a NaN, an Inf or a zero by
     an infinite amount, so that they come first.
 
-    Example:
+    Examples:
         >>> relative_difference(2.0, 3.0), relative_difference(2.0, 1.0)
         (0.5, -0.5)
         >>> relative_difference(0.0, 0.0), relative_difference(0.0, -1.0)

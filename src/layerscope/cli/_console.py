@@ -56,7 +56,7 @@ class Output(Protocol):
 class PlainOutput:
     """Plain text, columns aligned with spaces, sections separated by a blank line.
 
-    Example:
+    Examples:
         >>> import io
         >>> stream = io.StringIO()
         >>> table = Table("layers", [Column("module"), Column("std", numeric=True)])

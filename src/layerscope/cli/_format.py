@@ -11,7 +11,7 @@ MISSING = "-"  # a value the run does not have, apart from a NaN it recorded
 def number(value: object) -> str:
     """A statistic in 4 significant digits; integers as they are.
 
-    Example:
+    Examples:
         >>> [number(v) for v in (0.54921, 1.2346e-05, 12345.6, 3, 0.0, float("nan"), None)]
         ['0.5492', '1.235e-05', '1.235e+04', '3', '0', 'nan', '-']
     """
@@ -36,7 +36,7 @@ def number(value: object) -> str:
 def ratio(latest: float | None, first: float | None) -> str:
     """``latest / first`` as ``x1.02``; empty where it means nothing (a zero or missing first).
 
-    Example:
+    Examples:
         >>> ratio(1.5, 1.0), ratio(0.0, 0.0), ratio(1.0, 0.0), ratio(None, 1.0)
         ('x1.5', 'x1', '', '')
     """
@@ -52,7 +52,7 @@ def ratio(latest: float | None, first: float | None) -> str:
 def relative(difference: float) -> str:
     """A relative difference as a signed percentage.
 
-    Example:
+    Examples:
         >>> relative(0.1234), relative(-2.0), relative(0.0), relative(float("inf"))
         ('+12.3%', '-200%', '0%', '+inf')
     """
@@ -68,7 +68,7 @@ def relative(difference: float) -> str:
 def timestamp(seconds: object) -> str:
     """Seconds since the epoch as a UTC time to the second; ``-`` for none.
 
-    Example:
+    Examples:
         >>> timestamp(0), timestamp(None)
         ('1970-01-01 00:00:00 UTC', '-')
     """
@@ -80,7 +80,7 @@ def timestamp(seconds: object) -> str:
 def duration(seconds: float) -> str:
     """A span of time in the largest unit that keeps it short.
 
-    Example:
+    Examples:
         >>> duration(0.0123), duration(75), duration(7200)
         ('0.0123 s', '1.2 min', '2 h')
     """
@@ -94,7 +94,7 @@ def duration(seconds: float) -> str:
 def text(value: object) -> str:
     """A text cell; ``-`` for a missing value (None, or the NaN pandas puts in its place).
 
-    Example:
+    Examples:
         >>> text("fc1"), text(None), text(float("nan"))
         ('fc1', '-', '-')
     """

@@ -42,7 +42,7 @@ _PER_KIND = ("mean", "std", "absmax", "l2", "zero_frac")
 def measures_of(kinds: Sequence[str]) -> tuple[Measure, ...]:
     """The columns for ``--kind``: mean, std, abs-max, L2 and zero fraction of each kind.
 
-    Example:
+    Examples:
         >>> [m.header for m in measures_of(["update"])]
         ['update mean', 'update std', 'update absmax', 'update l2', 'update zero']
     """

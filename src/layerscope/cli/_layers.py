@@ -26,7 +26,7 @@ def module_types(run: Run) -> dict[str, str]:
 def in_model_order(names: Iterable[str], types: dict[str, str]) -> list[str]:
     """``names`` in the order of ``types`` (model order); names it lacks last, sorted.
 
-    Example:
+    Examples:
         >>> in_model_order(["fc", "conv", "extra"], {"": "Net", "conv": "Conv2d", "fc": "Linear"})
         ['conv', 'fc', 'extra']
     """

@@ -25,7 +25,7 @@ SHOWN_STATS = ("mean", "std", "absmax", "l2", "zero_frac", "nonfinite")
 def quoted(text: str) -> str:
     """``text`` as an SQL string literal.
 
-    Example:
+    Examples:
         >>> print(quoted("it's"))
         'it''s'
     """

@@ -40,7 +40,7 @@ class AlertsConfig:
 def parse_alerts(alerts: object) -> AlertsConfig:
     """Check ``watch(alerts=...)``: True, False, ``"raise"``, or ``{rule: False | options}``.
 
-    Example:
+    Examples:
         >>> parse_alerts({"dead": {"threshold": 0.9}, "loss_spike": False}).rules["dead"]
         {'threshold': 0.9, 'units': 0.5, 'steps': 3, 'clear_below': 0.9}
     """

@@ -18,7 +18,7 @@ def dead_units(tensor: Tensor) -> Tensor:
     ``dead`` rule then also alerts when ``units`` of an output's units are dead. It costs one
     more pass over each recorded tensor, on its device, with no host sync.
 
-    Example:
+    Examples:
         >>> x = torch.tensor([[0.0, 1.0, 0.0], [0.0, 2.0, 3.0]])  # unit 0 never fires
         >>> round(float(dead_units(x)), 4)
         0.3333

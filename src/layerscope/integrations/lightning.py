@@ -57,7 +57,7 @@ class LayerscopeCallback(pl.Callback):
         TypeError, ValueError: the errors ``watch()`` gives for the same options, raised here
             so that a typo fails before training starts.
 
-    Example:
+    Examples:
         >>> from layerscope.integrations.lightning import LayerscopeCallback
         >>> callback = LayerscopeCallback(every=10, capture=["activation", "update"])
         >>> # trainer = lightning.Trainer(callbacks=[callback]); trainer.fit(module)

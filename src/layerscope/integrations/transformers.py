@@ -63,7 +63,7 @@ class LayerscopeCallback(TrainerCallback):
         TypeError, ValueError: the errors ``watch()`` gives for the same options, raised here
             so that a typo fails before training starts.
 
-    Example:
+    Examples:
         >>> from layerscope.integrations.transformers import LayerscopeCallback
         >>> callback = LayerscopeCallback(every=10, exclude="drop")
         >>> # trainer = Trainer(model, args, callbacks=[callback])

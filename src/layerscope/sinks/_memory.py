@@ -11,7 +11,7 @@ from layerscope.sinks._rows import StatsRows
 class MemorySink:
     """Keeps every record in memory, in the order written.
 
-    Example:
+    Examples:
         >>> import torch, layerscope
         >>> memory = layerscope.sinks.MemorySink()
         >>> model = torch.nn.Linear(2, 2)

@@ -33,7 +33,7 @@ _NOT_ALLOWED = re.compile(r"[^/\w.\- ]")
 def metric_name(key: str) -> str:
     """``key`` as MLflow allows a metric name: ``<root>`` as ``_root_``, ``out#1`` as ``out_1``.
 
-    Example:
+    Examples:
         >>> metric_name("train/activation/<root>/out#1/mean")
         'train/activation/_root_/out_1/mean'
     """

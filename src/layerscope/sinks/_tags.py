@@ -45,7 +45,7 @@ ALERT_COLUMNS = (
 def tag_of(phase: str, kind: str, module: str, tensor: str, call: int) -> str:
     """The tag of one recorded tensor.
 
-    Example:
+    Examples:
         >>> tag_of("train", "activation", "", "out", 1)
         'train/activation/<root>/out#1'
     """
@@ -141,7 +141,7 @@ def histogram_bins(
     the slot's other edge, else one more width of the neighbouring slot. None when no slot
     with a finite lower edge is occupied.
 
-    Example:
+    Examples:
         >>> histogram_bins([0, 3, 1, 0], 0, [0.0, 0.5, 1.0, 2.0], None, None)
         ([3, 1], [0.5, 1.0, 2.0])
     """

@@ -7,7 +7,7 @@ These are pure functions with no hooks, files or threads:
 - ``merge`` / ``merge_groups`` combine rows exactly (Chan's formula, float64, host);
 - ``finalize`` turns rows into mean, std, min, max, absmax, l2, fractions and counts.
 
-Example:
+Examples:
     >>> import torch
     >>> from layerscope import stats
     >>> x = torch.tensor([1.0, 2.0, 3.0, float("inf")])

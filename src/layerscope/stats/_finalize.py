@@ -39,7 +39,7 @@ def finalize(rows: Tensor) -> dict[str, Tensor]:
         One ``(n,)`` tensor per statistic: ``numel``, ``nan_count`` and ``inf_count`` int64, the
         rest float64.
 
-    Example:
+    Examples:
         >>> from layerscope.stats import tensor_partials
         >>> row, _ = tensor_partials(torch.tensor([3.0, -4.0, 0.0]), None)
         >>> out = finalize(row[None])

@@ -67,7 +67,7 @@ HistogramSpec = Log2Histogram | LinearHistogram
 def log2_bin_edges() -> list[float]:
     """Lower magnitude edge of each log2 bin; bin 0 starts at 0 and bin 255 is non-finite.
 
-    Example:
+    Examples:
         >>> edges = log2_bin_edges()
         >>> edges[127], edges[128]
         (1.0, 2.0)

@@ -28,7 +28,7 @@ def merge_groups(rows: Tensor, group: Tensor, groups: int) -> Tensor:
     Returns:
         ``(groups, WIDTH)`` float64 merged partials.
 
-    Example:
+    Examples:
         >>> from layerscope.stats import tensor_partials
         >>> a, _ = tensor_partials(torch.tensor([1.0, 2.0]), None)
         >>> b, _ = tensor_partials(torch.tensor([3.0]), None)
@@ -63,7 +63,7 @@ def merge_groups(rows: Tensor, group: Tensor, groups: int) -> Tensor:
 def merge(a: Tensor, b: Tensor) -> Tensor:
     """Merge two rows of partials (Chan's pairwise formula).
 
-    Example:
+    Examples:
         >>> from layerscope.stats import tensor_partials
         >>> x = torch.randn(100)
         >>> ab = merge(tensor_partials(x[:30], None)[0], tensor_partials(x[30:], None)[0])

@@ -37,7 +37,7 @@ def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor,
         ``(row, hist)``: ``row`` has shape ``(WIDTH,)`` and dtype float64, ``hist`` has shape
         ``(histogram.slots,)`` and dtype int64, or is None.
 
-    Example:
+    Examples:
         >>> from layerscope.stats import Field, Log2Histogram
         >>> row, hist = tensor_partials(torch.tensor([1.0, -2.0, float("nan")]), Log2Histogram())
         >>> row[Field.COUNT].item(), row[Field.MEAN].item(), row[Field.NAN].item()
@@ -125,7 +125,7 @@ def kernel_name(device_type: str = "cpu") -> str:
     ``"compiled"`` means the one that will be tried. Where the C kernel is missing, the first
     recorded step warns once and says why.
 
-    Example:
+    Examples:
         >>> kernel_name("cpu") in ("native-avx512", "native-avx2", "native", "compiled", "eager")
         True
     """

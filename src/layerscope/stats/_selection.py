@@ -35,7 +35,7 @@ def parse_stats(stats: object) -> StatSelection:
     included); one name may be given as a string. A mapping adds custom statistics to the
     defaults, or to the names listed beside it. An empty list selects nothing and is refused.
 
-    Example:
+    Examples:
         >>> parse_stats(["mean", "std"]).builtin
         ('mean', 'std')
         >>> parse_stats("absmax").builtin

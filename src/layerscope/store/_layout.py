@@ -38,7 +38,7 @@ _COMPACTED = re.compile(r"^data-(\d{6,})-(\d{6,})\.parquet$")
 def rank_directory(rank: int) -> str:
     """Where rank ``rank`` writes, relative to the run's root: ``""`` (the root) for rank 0.
 
-    Example:
+    Examples:
         >>> rank_directory(0), rank_directory(3)
         ('', 'rank-00003')
     """
@@ -48,7 +48,7 @@ def rank_directory(rank: int) -> str:
 def directory_rank(name: str) -> int | None:
     """The rank whose directory ``name`` is, or None for a name that is not a rank's.
 
-    Example:
+    Examples:
         >>> directory_rank("rank-00003"), directory_rank("stats"), directory_rank("rank-00000")
         (3, None, None)
     """
@@ -82,7 +82,7 @@ def segment_range(name: str) -> tuple[int, int] | None:
 def files_to_read(names: list[str]) -> list[str]:
     """The table files to read, in segment order, skipping segments a compaction covers.
 
-    Example:
+    Examples:
         >>> files_to_read(["seg-000003.parquet", "data-000001-000002.parquet",
         ...                "seg-000002.parquet", ".seg-000004.parquet.tmp"])
         ['data-000001-000002.parquet', 'seg-000003.parquet']

@@ -58,7 +58,7 @@ class ParquetStore:
             dropped (and counted) rather than training slowed.
         name: the run's name; the directory's name by default.
 
-    Example:
+    Examples:
         >>> import torch, layerscope
         >>> model = torch.nn.Linear(2, 2)
         >>> store = layerscope.store.ParquetStore("memory://doc/run-a", flush_steps=1)
