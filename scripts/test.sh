@@ -6,6 +6,11 @@ python3 -m venv .venv
 # torch first: with no torch installed, a plain `torch` requirement pulls the CUDA build.
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q -e '.[dev]'
+# The dashboard's browser tests drive Debian's chromium (Playwright's own download is not used).
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ||
+    echo "chromium could not be installed: the browser tests will be skipped" >&2
+fi
 .venv/bin/ruff check src tests examples benchmarks
 .venv/bin/ruff format --check src tests examples benchmarks
 .venv/bin/mypy

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from layerscope import __version__
-from layerscope.cli import _demo, _diff, _export, _plot, _runs, _summary
+from layerscope.cli import _demo, _diff, _export, _plot, _report, _runs, _serve, _summary
 from layerscope.cli._command import Subcommand
 from layerscope.cli._open import CommandError
 
@@ -33,7 +33,7 @@ EXIT_USAGE = 2
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 
-COMMANDS: tuple[Subcommand, ...] = (_demo, _summary, _diff, _runs, _plot, _export)
+COMMANDS: tuple[Subcommand, ...] = (_demo, _summary, _diff, _runs, _plot, _serve, _report, _export)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,146 @@
+"""The layers-by-steps heat map of one statistic, and one layer's statistics over steps.
+
+Both come from one grouped SQL query each, downsampled to at most ``MAX_COLUMNS`` columns of
+steps (see ``_query``): a run of 200 layers by 10,000 steps answers with 200 x 1,000 values,
+never 2 million rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas
+
+from layerscope.plots._images import LOG_SCALE_STATS
+from layerscope.plots._select import check_stat, quote
+from layerscope.store import Run
+from layerscope.ui._encode import integers, pack
+from layerscope.ui._overview import statistics
+from layerscope.ui._query import Selection, aggregate, check_module, column
+
+
+def _grouped(width: int) -> tuple[str, str]:
+    """The select list's step columns and the group clause for buckets of ``width`` steps."""
+    if width == 1:
+        return "step as bucket, step as first, step as last", ""
+    return f"step // {width} as bucket, min(step) as first, max(step) as last", " group by all"
+
+
+def heatmap(run: Run, selection: Selection, stat: str, width: int) -> dict[str, Any]:
+    """Layers (model order) by columns of ``width`` steps: one statistic, aggregated per column.
+
+    Returns:
+        ``layers``; ``steps`` and ``last_steps``, the first and last recorded step of each
+        column; ``values``, a packed float32 (layers, columns) matrix, NaN where a layer has
+        no row; ``width``, ``aggregate`` and ``downsampled``, how columns were made.
+
+    Raises:
+        ValueError: an unknown statistic (naming ``stat``), kind or phase.
+    """
+    check_stat(run, stat)
+    how = aggregate(stat)
+    steps_clause, group = _grouped(width)
+    value = column(stat) if width == 1 else f"{how}({column(stat)})"
+    frame = run.sql(
+        f"select module, {steps_clause}, {value} as value from stats"
+        f" where {selection.where()}{group}"
+    )
+    # Modules as codes: 200,000 rows name ~200 modules, and Python never sees each row's.
+    codes, names = pandas.factorize(frame["module"])
+    present = {str(name): code for code, name in enumerate(names)}
+    layers = [info.name for info in run.modules if info.name in present]
+    buckets = np.unique(frame["bucket"].to_numpy(dtype=np.int64))
+    values = np.full((len(layers), len(buckets)), np.nan)
+    if len(frame):
+        row_of_code = np.full(len(names), -1)
+        for row, name in enumerate(layers):
+            row_of_code[present[name]] = row
+        rows = row_of_code[codes]
+        known = rows >= 0  # a module missing from modules.json has no row to go in
+        columns = np.searchsorted(buckets, frame["bucket"].to_numpy(dtype=np.int64))
+        cells = frame["value"].to_numpy(dtype=np.float64, na_value=np.nan)
+        values[rows[known], columns[known]] = cells[known]
+    first, last = _column_steps(frame, buckets)
+    return {
+        "kind": selection.kind,
+        "tensor": selection.tensor,
+        "phase": selection.phase,
+        "rank": selection.rank,
+        "stat": stat,
+        "log_scale": stat in LOG_SCALE_STATS,
+        "layers": layers,
+        "steps": first,
+        "last_steps": last,
+        "values": pack(values),
+        "width": width,
+        "aggregate": how if width > 1 else None,
+        "downsampled": width > 1,
+    }
+
+
+def _column_steps(frame: Any, buckets: np.ndarray) -> tuple[list[int], list[int]]:
+    """The first and last recorded step of each column, over all layers."""
+    if not len(frame):
+        return [], []
+    spans = frame.groupby("bucket").agg(first=("first", "min"), last=("last", "max"))
+    spans = spans.reindex(buckets)
+    return integers(spans["first"]), integers(spans["last"])
+
+
+def series(run: Run, selection: Selection, module: str, width: int) -> dict[str, Any]:
+    """Every statistic of one layer over steps, each aggregated per column as in the heat map.
+
+    Raises:
+        ValueError: an unknown module, kind or phase.
+    """
+    check_module(run, module)
+    found = series_of_layers(run, selection, [module], width)
+    return found.get(module) or _series(selection, module, width, statistics(run), None)
+
+
+def series_of_layers(
+    run: Run, selection: Selection, modules: list[str] | None, width: int
+) -> dict[str, dict[str, Any]]:
+    """``series`` of each of ``modules`` (None: every layer) from one query: for the report."""
+    names = statistics(run)
+    steps_clause, group = _grouped(width)
+    if width == 1:
+        picked = ", ".join(column(name) for name in names)
+    else:
+        picked = ", ".join(f"{aggregate(name)}({column(name)}) as {column(name)}" for name in names)
+    chosen = ""
+    if modules is not None:
+        chosen = " and module in (" + ", ".join(quote(name) for name in modules) + ")"
+    frame = run.sql(
+        f"select module, {steps_clause}, {picked} from stats"
+        f" where {selection.where()}{chosen}{group} order by module, bucket"
+    )
+    codes, found = pandas.factorize(frame["module"])
+    return {
+        str(name): _series(selection, str(name), width, names, frame[codes == code])
+        for code, name in enumerate(found)
+    }
+
+
+def _series(
+    selection: Selection, module: str, width: int, names: list[str], rows: Any
+) -> dict[str, Any]:
+    """The JSON of one layer's ``rows`` (None where it has none)."""
+    empty = np.zeros(0)
+    return {
+        "module": module,
+        "kind": selection.kind,
+        "tensor": selection.tensor,
+        "phase": selection.phase,
+        "rank": selection.rank,
+        "steps": [] if rows is None else integers(rows["first"]),
+        "last_steps": [] if rows is None else integers(rows["last"]),
+        "stats": {
+            name: pack(empty if rows is None else rows[name].to_numpy(np.float64, na_value=np.nan))
+            for name in names
+        },
+        "aggregates": {name: aggregate(name) for name in names} if width > 1 else None,
+        "width": width,
+        "downsampled": width > 1,
+    }

@@ -1,0 +1,96 @@
+"""Which rows a chart reads, and how many steps make one of its columns.
+
+A chart reads the rows the matplotlib figures read (call 0, no sentinel rows, one kind, tensor
+and phase), of the rank the page chose. Over many steps, it reads them downsampled in SQL:
+steps are cut into buckets of ``width`` consecutive steps, so at most ``max_columns`` columns
+come back, and each statistic is aggregated as fits it (the largest ``absmax`` of a bucket, so a
+spike is never averaged away; the smallest ``min``; the mean of a mean). Every response says
+the width and the aggregate it used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from layerscope.plots._select import (
+    DEFAULT_TENSOR,
+    check_kind,
+    check_phase,
+    quote,
+    select_modules,
+)
+from layerscope.store import Run
+
+# Columns of a chart over steps: about one per pixel of a wide screen.
+MAX_COLUMNS = 1000
+# How a bucket of steps aggregates a statistic; the mean for any other (custom ones too).
+_AGGREGATES = {
+    "absmax": "max",
+    "max": "max",
+    "nan_count": "max",
+    "inf_count": "max",
+    "numel": "max",
+    "min": "min",
+}
+
+
+def aggregate(stat: str) -> str:
+    """The SQL aggregate that keeps what matters of ``stat`` over a bucket of steps."""
+    return _AGGREGATES.get(stat, "avg")
+
+
+def column(name: str) -> str:
+    """``name`` as a quoted SQL identifier (custom statistics are named by the user)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """One kind, tensor, phase and rank of a run: the rows of one chart.
+
+    Raises:
+        ValueError: for an unknown kind or phase, naming it.
+    """
+
+    kind: str
+    tensor: str
+    phase: str
+    rank: int
+
+    @classmethod
+    def checked(cls, kind: str, tensor: str | None, phase: str, rank: int) -> Selection:
+        """A selection of valid values; ``tensor`` None is the kind's default tensor."""
+        kind = check_kind(kind)
+        tensor = DEFAULT_TENSOR[kind] if tensor is None or tensor == "" else tensor
+        return cls(kind, tensor, check_phase(phase), int(rank))
+
+    def where(self) -> str:
+        """The SQL condition of its rows."""
+        return (
+            f"kind = {quote(self.kind)} and tensor = {quote(self.tensor)}"
+            f" and phase = {quote(self.phase)} and rank = {self.rank}"
+            # As the figures' coalesce(call, 0) = 0 and not coalesce(sentinel, false), in a
+            # form DuckDB filters faster (zone maps of call, no function per row).
+            " and (call = 0 or call is null) and sentinel is not true"
+        )
+
+
+def bucket_width(run: Run, steps: int | None, max_columns: int = MAX_COLUMNS) -> int:
+    """Steps per column so that the run's ``steps`` fit in ``max_columns`` columns.
+
+    Args:
+        run: the run (its ``meta["steps"]`` is used where ``steps`` is None).
+        steps: how many steps the run has made, from a fresh ``run.json``.
+        max_columns: the most columns wanted.
+    """
+    if steps is None:
+        steps = run.meta.get("steps") or 0
+    if max_columns < 1:
+        raise ValueError(f"columns: expected at least 1, got {max_columns}")
+    return max(1, math.ceil(int(steps) / max_columns))
+
+
+def check_module(run: Run, module: str) -> str:
+    """``module`` if it is a module of the run, else a ValueError naming ``module``."""
+    return select_modules(run, [module])[0]

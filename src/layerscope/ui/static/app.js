@@ -1,0 +1,407 @@
+// layerscope's page, part 4 of 4: the views (the runs, one run), their state, and polling.
+"use strict";
+
+(function () {
+  const { REPORT, api, newRound, runPath, domReady, el, select, label, replace, layerName, showError, figures,
+          panels } = window.layerscope;
+  const POLL_MS = 2000;
+  const PLOT_CONFIG = { responsive: true, displaylogo: false };
+  const state = { run: null, compare: null, rank: 0, kind: null, tensor: null, phase: "train",
+                  stat: "absmax", seriesStat: null, module: null, step: null };
+  let summary = null;        // the run's summary, as last fetched
+  let pollTimer = null;
+  let generation = 0;        // bumped by each navigation: stale answers are dropped
+
+  // ------------------------------------------------------------------ routing
+
+  function readHash() {
+    const hash = location.hash.replace(/^#\/?/, "");
+    const [path, query] = hash.split("?");
+    const params = new URLSearchParams(query || "");
+    if (path.startsWith("run/")) {
+      return { run: decodeURIComponent(path.slice(4)), compare: params.get("compare"),
+               rank: Number(params.get("rank") || 0) };
+    }
+    return { run: null };
+  }
+
+  function writeHash() {
+    const params = new URLSearchParams();
+    if (state.compare) params.set("compare", state.compare);
+    if (state.rank) params.set("rank", state.rank);
+    const query = params.toString();
+    const hash = "#/run/" + encodeURIComponent(state.run) + (query ? "?" + query : "");
+    if (location.hash !== hash) history.replaceState(null, "", hash);
+  }
+
+  function route() {
+    generation += 1;
+    clearTimeout(pollTimer);
+    newRound();
+    const target = readHash();
+    if (REPORT && !target.run) target.run = REPORT.run;
+    if (target.run) {
+      Object.assign(state, { run: target.run, compare: target.compare || (REPORT && REPORT.compare) || null,
+                             rank: target.rank || 0, kind: null, module: null, step: null });
+      showRun();
+    } else {
+      showRuns();
+    }
+  }
+
+  // ------------------------------------------------------------------ the runs
+
+  async function showRuns() {
+    const mine = generation;
+    await domReady;
+    replace("where", "runs");
+    replace("main", el("section", { class: "panel" }, el("h2", {}, "Runs"), el("div", { id: "runs" })));
+    const refresh = async () => {
+      if (mine !== generation) return;
+      try {
+        newRound();
+        const listing = await api("runs");
+        if (mine !== generation) return;
+        replace("runs", panels.runs(listing.runs));
+        document.body.dataset.runs = String(listing.runs.length);
+      } catch (error) {
+        showError("runs", error);
+      }
+      if (!REPORT && mine === generation) pollTimer = setTimeout(refresh, POLL_MS);
+    };
+    refresh();
+  }
+
+  // ------------------------------------------------------------------ one run
+
+  async function showRun() {
+    const mine = generation;
+    prefetch();
+    await domReady;
+    replace("where", state.run);
+    replace("main", panels.runView());
+    try {
+      summary = await api(runPath(state.run));
+    } catch (error) {
+      showError("main", error);
+      return;
+    }
+    if (mine !== generation) return;
+    chooseDefaults();
+    writeHash();
+    renderHead();
+    renderOverhead();
+    // The heat map first: the answers are on their way already, and the first drawn shows first.
+    await Promise.all([renderHeatmaps(), renderScalars(), renderAlerts()]);
+    renderModules();
+    if (mine !== generation) return;
+    fillCompare(REPORT ? (REPORT.compare ? [REPORT.compare] : []) : null);
+    if (!REPORT && summary.status === "running") pollTimer = setTimeout(() => poll(mine), POLL_MS);
+  }
+
+  // The answers an opening run needs with the defaults, asked before Plotly is parsed; those
+  // that chooseDefaults() then asks for with the same arguments are already on their way.
+  function prefetch() {
+    const rank = { rank: state.rank };
+    api(runPath(state.run));
+    api(runPath(state.run, "scalars"), rank);
+    api(runPath(state.run, "alerts"), rank);
+    api(runPath(state.run, "modules"));
+    api(runPath(state.run, "heatmap"), { kind: "activation", tensor: "out", phase: "train", rank: state.rank,
+                                        stat: "absmax" });
+  }
+
+  function chooseDefaults() {
+    const kinds = Object.keys(summary.kinds);
+    if (!state.kind || !kinds.includes(state.kind)) state.kind = kinds.includes("activation") ? "activation" : kinds[0] || "activation";
+    const tensors = summary.kinds[state.kind] || [];
+    if (!tensors.includes(state.tensor)) state.tensor = tensors[0] || summary.default_tensor[state.kind];
+    if (!summary.stats.includes(state.stat)) state.stat = summary.stats.includes("absmax") ? "absmax" : summary.stats[0];
+    if (!summary.phases.includes(state.phase)) state.phase = summary.phases[0];
+    if (!summary.ranks.includes(state.rank)) state.rank = summary.ranks[0];
+    if (!state.seriesStat || !summary.stats.includes(state.seriesStat)) state.seriesStat = state.stat;
+  }
+
+  async function poll(mine) {
+    if (mine !== generation) return;
+    try {
+      newRound();
+      const fresh = await api(runPath(state.run));
+      if (mine !== generation) return;
+      const grew = fresh.steps !== summary.steps || fresh.updated !== summary.updated || fresh.status !== summary.status;
+      const newKinds = JSON.stringify(fresh.kinds) !== JSON.stringify(summary.kinds);
+      summary = fresh;
+      if (grew) {
+        if (newKinds) chooseDefaults();
+        renderHead();
+        renderOverhead();
+        await Promise.all([renderScalars(), renderAlerts(), renderHeatmaps(), state.module !== null ? renderLayer() : null]);
+      }
+      replace("live", summary.status === "running" ? "● live" : "");
+    } catch (error) {
+      replace("live", "● " + error.message);
+    }
+    if (mine === generation && summary.status === "running") pollTimer = setTimeout(() => poll(mine), POLL_MS);
+    else replace("live", "");
+  }
+
+  function chartParams(extra) {
+    return Object.assign({ kind: state.kind, tensor: state.tensor, phase: state.phase, rank: state.rank }, extra);
+  }
+
+  function renderHead() {
+    const pieces = panels.runFacts(summary);
+    if (summary.ranks.length > 1) {
+      pieces.push(label("rank", select("rank-select", summary.ranks, state.rank, (value) => {
+        state.rank = Number(value); writeHash(); refreshAll();
+      })));
+    }
+    replace("run-facts", pieces);
+  }
+
+  async function fillCompare(others) {
+    let ids = others;
+    if (ids === null) {
+      try {
+        ids = (await api("runs")).runs.map((run) => run.id).filter((id) => id !== state.run);
+      } catch (error) {
+        ids = [];
+      }
+    }
+    if (!ids.length || !document.getElementById("compare-slot")) return;
+    replace("compare-slot", label("compare with", select("compare-select", ["", ...ids], state.compare || "", async (value) => {
+      state.compare = value || null;
+      writeHash();
+      refreshAll();
+    }, (id) => id || "—")));
+  }
+
+  function refreshAll() {
+    newRound();
+    renderScalars();
+    renderAlerts();
+    renderHeatmaps();
+    if (state.module !== null) renderLayer();
+  }
+
+  function renderOverhead() {
+    replace("overhead", panels.overhead(summary.overhead));
+  }
+
+  // ------------------------------------------------------------------ scalars
+
+  async function renderScalars() {
+    const mine = generation;
+    try {
+      const [own, alerts, other] = await Promise.all([
+        api(runPath(state.run, "scalars"), { rank: state.rank }),
+        api(runPath(state.run, "alerts"), { rank: state.rank }),
+        state.compare ? api(runPath(state.compare, "scalars"), { rank: state.rank }).catch(() => null) : null]);
+      if (mine !== generation) return;
+      const figure = figures.scalars(own, alerts.alerts, other, state.compare, state.run);
+      if (figure === null) {
+        replace("scalars", el("p", { class: "note" }, "no scalars: scope.step(loss=...) records them"));
+        return;
+      }
+      await Plotly.react("scalars", figure.data, figure.layout, PLOT_CONFIG);
+    } catch (error) {
+      showError("scalars", error);
+    }
+  }
+
+  // ------------------------------------------------------------------ heat map
+
+  // A control's handler: the new choice, then the charts it changes, asked anew.
+  function changes(update, layerToo) {
+    return (value) => {
+      update(value);
+      newRound();
+      renderHeatmaps();
+      if (layerToo && state.module !== null) renderLayer();
+    };
+  }
+
+  function renderHeatmapControls() {
+    replace("heatmap-controls",
+      label("kind", select("kind-select", Object.keys(summary.kinds), state.kind, changes((value) => {
+        state.kind = value;
+        state.tensor = (summary.kinds[value] || [])[0];
+      }, true))),
+      label("tensor", select("tensor-select", summary.kinds[state.kind] || [state.tensor], state.tensor,
+        changes((value) => { state.tensor = value; }, true))),
+      label("statistic", select("stat-select", summary.stats, state.stat, changes((value) => { state.stat = value; }, false))),
+      label("phase", select("phase-select", summary.phases, state.phase, changes((value) => { state.phase = value; }, true))));
+  }
+
+  async function renderHeatmaps() {
+    renderHeatmapControls();
+    const mine = generation;
+    const params = chartParams({ stat: state.stat });
+    const jobs = [drawHeatmap("heatmap", state.run, params, mine)];
+    if (state.compare) jobs.push(drawHeatmap("heatmap-compare", state.compare, params, mine));
+    else { Plotly.purge("heatmap-compare"); replace("heatmap-compare"); }
+    document.getElementById("heatmap-compare").style.display = state.compare ? "" : "none";
+    const [data] = await Promise.all(jobs);
+    if (data && mine === generation) {
+      replace("heatmap-note", data.downsampled
+        ? `${data.steps.length} columns of ${data.width} steps each (${data.aggregate} over each column's recorded steps); click a cell for the layer`
+        : `${data.steps.length} recorded steps; click a cell for the layer`);
+      if (state.module === null && data.layers.length) {
+        selectLayer(data.layers[0], data.steps[data.steps.length - 1], false);
+      }
+    }
+  }
+
+  async function drawHeatmap(id, run, params, mine) {
+    let data;
+    try {
+      data = await api(runPath(run, "heatmap"), params);
+    } catch (error) {
+      showError(id, error);
+      return null;
+    }
+    if (mine !== generation) return null;
+    const node = document.getElementById(id);
+    if (!data.layers.length) {
+      Plotly.purge(node);
+      replace(id, el("p", { class: "note" }, "no rows of this kind, tensor and phase"));
+      return data;
+    }
+    if (!node.classList.contains("js-plotly-plot")) node.replaceChildren();
+    const title = run === state.run ? summary.name || run : run;
+    const figure = figures.heatmap(data, title, state.step, run + state.kind + state.tensor + state.stat);
+    await Plotly.react(node, figure.data, figure.layout, PLOT_CONFIG);
+    node.dataset.layers = String(data.layers.length);
+    node.dataset.columns = String(data.steps.length);
+    if (!node.dataset.bound) {
+      node.dataset.bound = "1";
+      node.on("plotly_click", (event) => {
+        // The layers of the drawing clicked: a live run or another kind may have redrawn it.
+        const point = event.points[0];
+        const row = node.layerscopeNames.indexOf(point.y);
+        selectLayer(node.layerscopeLayers[row >= 0 ? row : point.pointNumber[0]], point.x, true);
+      });
+    }
+    node.layerscopeLayers = data.layers;
+    node.layerscopeNames = figure.names;
+    return data;
+  }
+
+  // ------------------------------------------------------------------ one layer
+
+  function selectLayer(module, step, scroll) {
+    newRound();
+    state.module = module;
+    state.step = step === undefined ? state.step : step;
+    document.body.dataset.module = module;
+    document.body.dataset.step = String(state.step);
+    for (const id of ["heatmap", "heatmap-compare"]) {
+      const node = document.getElementById(id);
+      if (node && node.classList.contains("js-plotly-plot")) Plotly.relayout(node, { shapes: figures.markStep(state.step) });
+    }
+    renderLayer();
+    if (scroll) document.getElementById("layer-panel").scrollIntoView({ behavior: "smooth", block: "start" });
+  }
+
+  async function renderLayer() {
+    const mine = generation;
+    const module = state.module;
+    replace("layer-name", layerName(module) + " · " + state.kind + " " + state.tensor);
+    replace("layer-step", state.step === null ? "" : "step " + state.step);
+    replace("series-controls", label("statistic", select("series-stat", summary.stats, state.seriesStat, (value) => {
+      state.seriesStat = value;
+      renderLayer();
+    })));
+    const params = chartParams({ module: module });
+    if (!summary.histograms) replace("colordim", el("p", { class: "note" }, "no histograms: the run recorded none"));
+    await Promise.all([renderSeries(params, mine), summary.histograms ? renderColorDim(params, mine) : null]);
+  }
+
+  async function renderSeries(params, mine) {
+    try {
+      const [own, other, alerts] = await Promise.all([
+        api(runPath(state.run, "series"), params),
+        state.compare ? api(runPath(state.compare, "series"), params).catch(() => null) : null,
+        api(runPath(state.run, "alerts"), { rank: state.rank })]);
+      if (mine !== generation || params.module !== state.module) return;
+      const stat = state.seriesStat;
+      const figure = figures.series(own, other, stat, alerts.alerts.filter((a) => a.module === params.module), {
+        name: summary.name || state.run, otherName: state.compare, step: state.step,
+        logScale: summary.log_scale_stats.includes(stat), revision: params.module + stat });
+      await Plotly.react("series", figure.data, figure.layout, PLOT_CONFIG);
+      document.getElementById("series").dataset.points = String(own.steps.length);
+    } catch (error) {
+      showError("series", error);
+    }
+  }
+
+  async function renderColorDim(params, mine) {
+    let data;
+    try {
+      data = await api(runPath(state.run, "colordim"), params);
+    } catch (error) {
+      showError("colordim", error);
+      return;
+    }
+    if (mine !== generation || params.module !== state.module) return;
+    const figure = figures.colorDim(data, state.step, params.module);
+    const node = document.getElementById("colordim");
+    await Plotly.react(node, figure.data, figure.layout, PLOT_CONFIG);
+    if (!node.dataset.bound) {
+      node.dataset.bound = "1";
+      node.on("plotly_click", (event) => selectLayer(state.module, event.points[0].x, false));
+    }
+    renderDistribution(params, data, mine);
+  }
+
+  async function renderDistribution(params, colorDim, mine) {
+    const step = state.step !== null ? state.step : colorDim.steps[colorDim.steps.length - 1];
+    let shown = null;
+    try {
+      const exact = await api(runPath(state.run, "distribution"), Object.assign({ step: step }, params));
+      if (exact.step !== null) shown = { step: String(exact.step), exponents: exact.exponents, fractions: exact.fractions, zeros: exact.zeros };
+    } catch (error) {
+      if (!error.missing) { showError("distribution", error); return; }
+    }
+    // Not in the report, or not a recorded step: the column of steps that holds it.
+    if (shown === null) shown = figures.columnDistribution(colorDim, step);
+    if (mine !== generation || params.module !== state.module || shown === null) return;
+    const figure = figures.distribution(shown);
+    await Plotly.react("distribution", figure.data, figure.layout, PLOT_CONFIG);
+    document.getElementById("distribution").dataset.step = shown.step;
+  }
+
+  // ------------------------------------------------------------------ alerts, modules
+
+  async function renderAlerts() {
+    const mine = generation;
+    try {
+      const data = await api(runPath(state.run, "alerts"), { rank: state.rank });
+      if (mine === generation) replace("alerts", panels.alerts(data.alerts, jumpToAlert));
+    } catch (error) {
+      showError("alerts", error);
+    }
+  }
+
+  function jumpToAlert(alert) {
+    const kindChanged = alert.kind && summary.kinds[alert.kind] && alert.kind !== state.kind;
+    if (kindChanged) {
+      state.kind = alert.kind;
+      const tensors = summary.kinds[alert.kind];
+      state.tensor = tensors.includes(alert.tensor) ? alert.tensor : tensors[0];
+    }
+    if (alert.phase && summary.phases.includes(alert.phase)) state.phase = alert.phase;
+    selectLayer(alert.module, alert.step, true);
+    if (kindChanged) renderHeatmaps();
+  }
+
+  function renderModules() {
+    api(runPath(state.run, "modules"))
+      .then((data) => replace("modules", panels.modules(data.modules, (name) => selectLayer(name, state.step, true))))
+      .catch((error) => showError("modules", error));
+  }
+
+  window.addEventListener("hashchange", route);
+  window.layerscope.state = state;
+  route();
+})();

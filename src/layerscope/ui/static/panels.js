@@ -1,0 +1,107 @@
+// layerscope's page, part 3 of 4: the tables and the module tree, built from answers as DOM.
+// Every value goes in as a text node (el() never parses HTML).
+"use strict";
+
+window.layerscope.panels = (function () {
+  const { el, layerName, number, time } = window.layerscope;
+
+  function table(id, headings, rows) {
+    const head = el("tr", {}, headings.map((h) => el("th", {}, h)));
+    return el("table", { id: id }, el("thead", {}, head), el("tbody", {}, rows));
+  }
+
+  function runs(listed) {
+    if (!listed.length) return el("p", { class: "note" }, "no runs here yet");
+    return table("runs-table", ["run", "status", "steps", "ranks", "started", "alerts"], listed.map((run) =>
+      el("tr", { class: "run-row" },
+        el("td", {}, el("a", { href: "#/run/" + encodeURIComponent(run.id) }, run.name || run.id)),
+        el("td", {}, el("span", { class: "status " + run.status }, run.status || "–")),
+        el("td", { class: "num" }, number(run.steps)),
+        el("td", { class: "num" }, number(run.ranks)),
+        el("td", {}, time(run.started)),
+        el("td", { class: "num" + (run.alerts ? " alerting" : "") }, number(run.alerts)))));
+  }
+
+  function seconds(value, unit) {
+    return value === null || value === undefined ? "–" : number(value) + " " + unit;
+  }
+
+  // layerscope's own cost, as the run recorded it; each rank's progress when there are several.
+  function overhead(o) {
+    const facts = [
+      ["training thread", seconds(o.cost_seconds, "s")],
+      ["per step", seconds(o.cost_ms_per_step, "ms")],
+      ["writer thread", seconds(o.writer_seconds, "s")],
+      ["steps", number(o.steps)],
+      ["statistics kernel", o.kernel || "–"],
+      ["rows recorded", number(o.recorded_rows)],
+      ["rows dropped", number(o.dropped_rows)],
+      ["failures", number(o.failures)],
+    ];
+    const rows = facts.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", { class: "num" }, v)));
+    const ranks = (o.ranks || []).length > 1
+      ? o.ranks.map((r) => el("tr", {}, el("th", {}, "rank " + r.rank),
+        el("td", {}, (r.status || "–") + ", " + number(r.steps) + " steps, " + (r.host || ""))))
+      : [];
+    return [el("table", { class: "facts" }, rows), ranks.length ? el("table", { class: "facts" }, ranks) : null];
+  }
+
+  function alerts(listed, onPick) {
+    if (!listed.length) return el("p", { class: "note" }, "no alerts");
+    return table("alerts-table", ["step", "rule", "severity", "module", "kind", "tensor", "message"], listed.map((alert) =>
+      el("tr", { class: "alert-row " + (alert.severity || ""), title: "show this layer at this step", onclick: () => onPick(alert) },
+        el("td", { class: "num" }, alert.step), el("td", {}, alert.rule), el("td", {}, alert.severity),
+        el("td", {}, layerName(alert.module)), el("td", {}, alert.kind), el("td", {}, alert.tensor),
+        el("td", {}, alert.message))));
+  }
+
+  // The module tree: names, types, parameter shapes and counts; a watched one opens its layer.
+  function modules(listed, onPick) {
+    const byName = new Map(listed.map((m) => [m.name, m]));
+    const item = (module) => {
+      const shapes = Object.entries(module.parameters).map(([k, shape]) => k + " (" + shape.join(", ") + ")").join(", ");
+      const pick = (event) => {
+        event.preventDefault();
+        if (module.watched) onPick(module.name);
+      };
+      const line = el("div", { class: "module" + (module.watched ? " watched" : "") },
+        el("a", { href: "#", class: "module-name", onclick: pick }, layerName(module.name)),
+        " ", el("span", { class: "type" }, module.type),
+        shapes ? el("span", { class: "shapes" }, " " + shapes) : null,
+        el("span", { class: "count" }, " " + number(module.num_parameters_total) + " parameters"));
+      const children = module.children.map((name) => byName.get(name)).filter(Boolean);
+      return el("li", {}, line, children.length ? el("ul", {}, children.map(item)) : null);
+    };
+    const childNames = new Set(listed.flatMap((m) => m.children));
+    return el("ul", { class: "tree" }, listed.filter((m) => !childNames.has(m.name)).map(item));
+  }
+
+  function runFacts(summary) {
+    return [el("span", { class: "run-name" }, summary.name || summary.id),
+      el("span", { class: "status " + summary.status }, summary.status),
+      el("span", { id: "run-steps" }, number(summary.steps) + " steps"),
+      el("span", { class: "note" }, "started " + time(summary.started))];
+  }
+
+  // The run view's sections, empty: each is filled by its own render as its answer comes.
+  function runView() {
+    return [
+      el("section", { id: "run-head", class: "panel" }, el("span", { id: "run-facts" }), el("span", { id: "compare-slot" })),
+      el("div", { class: "row" },
+        el("section", { class: "panel wide" }, el("h2", {}, "Scalars"), el("div", { id: "scalars", class: "chart" })),
+        el("section", { class: "panel narrow" }, el("h2", {}, "Overhead"), el("div", { id: "overhead" }))),
+      el("section", { class: "panel" }, el("h2", {}, "Layers by steps"), el("div", { id: "heatmap-controls", class: "controls" }),
+        el("div", { class: "heatmaps" }, el("div", { id: "heatmap", class: "chart tall" }),
+          el("div", { id: "heatmap-compare", class: "chart tall" })),
+        el("p", { id: "heatmap-note", class: "note" })),
+      el("section", { id: "layer-panel", class: "panel" }, el("h2", {}, "Layer ", el("span", { id: "layer-name" }, "–"),
+        " ", el("span", { id: "layer-step", class: "note" })),
+        el("div", { id: "series-controls", class: "controls" }),
+        el("div", { class: "row" }, el("div", { id: "series", class: "chart wide" }), el("div", { id: "distribution", class: "chart narrow" })),
+        el("div", { id: "colordim", class: "chart" })),
+      el("section", { class: "panel" }, el("h2", {}, "Alerts"), el("div", { id: "alerts" })),
+      el("section", { class: "panel" }, el("h2", {}, "Modules"), el("div", { id: "modules" }))];
+  }
+
+  return { runs, overhead, alerts, modules, runFacts, runView };
+})();
