@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Install layerscope into .venv and watch a small CNN learn handwritten digits.
+# Install layerscope into .venv, then train a small CNN on digits broken and fixed, watched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 # torch first: with no torch installed, a plain `torch` requirement pulls the CUDA build.
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q -e '.[demo]'
-.venv/bin/python examples/digits.py
+.venv/bin/layerscope demo "$@"

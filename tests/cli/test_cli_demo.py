@@ -3,6 +3,7 @@
 import contextlib
 import io
 import re
+from pathlib import Path
 
 import pytest
 
@@ -55,6 +56,12 @@ def test_it_writes_the_figures_and_gives_the_same_result_every_time(demo):
     for name in ("broken", "fixed"):
         pngs = {path.stem for path in (out / name / "plots").glob("*.png")}
         assert {"dead_chart", "stats-activation", "color_dim-activation", "scalars"} <= pngs
+    # The report holds both runs' answers, the broken one's dead alerts among them.
+    report = (out / "report.html").read_text()
+    assert "broken" in report
+    assert "fixed" in report
+    assert "is dying" in report
+    assert "<script src=" not in report  # self-contained: nothing fetched
 
 
 def test_a_folder_that_is_not_a_demos_is_left_alone(tmp_path, capsys):
@@ -64,3 +71,11 @@ def test_a_folder_that_is_not_a_demos_is_left_alone(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path)]) == 2
     assert "is not empty and not a demo's folder" in capsys.readouterr().err
     assert (tmp_path / "mine.txt").read_text() == "keep"
+
+
+@pytest.mark.slow
+def test_the_readme_shows_this_output(demo):
+    out, (first, _) = demo
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    shown = without_times(first.replace(str(out), "layerscope-demo"))
+    assert shown in without_times(readme)

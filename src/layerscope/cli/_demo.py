@@ -2,7 +2,8 @@
 
 Trains the small CNN of ``_demo_training`` on scikit-learn's digits twice, broken and fixed,
 each watched into a run under ``--out``; prints what the broken run's alerts and layers say
-and both runs' accuracy, and writes the standard figures of each run.
+and both runs' accuracy, writes the standard figures of each run and an HTML report of both,
+and with ``--serve`` serves the dashboard over them.
 """
 
 from __future__ import annotations
@@ -34,12 +35,17 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         description=(
             "Train a small CNN on scikit-learn's handwritten digits twice: with a learning "
             "rate too high and no normalisation, where its ReLUs die, then fixed. Both runs "
-            "are recorded under --out with their figures; the alerts say which layers died "
-            "and when. Needs layerscope[demo,plot]."
+            "are recorded under --out with their figures and an HTML report; the alerts say "
+            "which layers died and when. Needs layerscope[demo]."
         ),
     )
     parser.add_argument(
         "--out", default="layerscope-demo", help="the folder to write into (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="then serve the dashboard over both runs on http://127.0.0.1:8765",
     )
     return parser
 
@@ -51,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     require("sklearn", "demo")
     require("matplotlib", "plot")
+    require("plotly", "ui")
     out = _fresh_folder(Path(args.out))
     output = open_output(args.plain)
     results = []
@@ -61,14 +68,25 @@ def run(args: argparse.Namespace) -> int:
     _tell(output, broken, layers=True)
     _tell(output, fixed, layers=False)
     written = [_figures(result) for result in results]
+    report = out / "report.html"
+    from layerscope.ui import write_report
+
+    write_report(broken.path, report, compare=fixed.path)
     output.fields(
         "next",
         [
+            ("report", f"{report} (both runs side by side; opens offline)"),
             ("figures", ", ".join(str(folder) for folder in written)),
+            ("dashboard", f"layerscope serve {out}"),
             ("a run in full", f"layerscope summary {broken.path}"),
-            ("two runs side by side", f"layerscope diff {broken.path} {fixed.path}"),
+            ("two runs compared", f"layerscope diff {broken.path} {fixed.path}"),
         ],
     )
+    if args.serve:
+        from layerscope.ui import serve
+
+        sys.stdout.flush()
+        serve(out)
     return 0
 
 
