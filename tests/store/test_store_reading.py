@@ -128,3 +128,30 @@ def test_a_script_that_queried_a_run_exits_without_a_leak_report(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "6"
     assert "leaked" not in done.stderr, done.stderr
+
+
+def test_queries_reuse_the_views_until_the_run_has_new_files(tmp_path, monkeypatch):
+    from layerscope.store import _reader
+
+    made = []
+    original = _reader.create_view
+    monkeypatch.setattr(
+        _reader, "create_view", lambda *args: (made.append(args[1]), original(*args))[1]
+    )
+    model = torch.nn.Linear(3, 2)
+    with layerscope.watch(model, run=tmp_path / "run", every=1, alerts=False) as scope:
+        model(torch.randn(4, 3)).sum().backward()
+        scope.step(loss=1.0)
+        scope.flush()
+        run = layerscope.load(tmp_path / "run")
+        first = run.sql("select count(*) as n from stats")["n"][0]
+        views = len(made)
+        assert views > 0
+        assert run.sql("select count(*) as n from stats")["n"][0] == first
+        assert len(made) == views  # nothing new on disk: the same views
+        model(torch.randn(4, 3)).sum().backward()
+        scope.step(loss=2.0)
+        scope.flush()
+        assert run.sql("select count(*) as n from stats")["n"][0] == 2 * first
+        assert len(made) > views  # a new segment: views made again
+    assert run.sql("select max(step) as s from scalars")["s"][0] == 1

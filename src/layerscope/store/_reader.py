@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,9 @@ class Run:
         )
         self._database = Database(self._fs)
         self._rankless: set[str] = set()  # files written before tables had a rank column
+        self._checked: set[str] = set()  # files whose footer was read: whole, not damaged
+        self._views_lock = threading.Lock()
+        self._views_signature: tuple[int, tuple[tuple[str, ...], ...]] | None = None
 
     def __repr__(self) -> str:
         return f"<Run {self.meta.get('name')!r} {self.meta['status']}, {self.path}>"
@@ -217,23 +221,41 @@ class Run:
 
     def _query(self, query: str) -> pandas.DataFrame:
         """``query`` over a view per table of the files the directory lists now."""
+        empty = self._refresh_views()
         connection = self._database.cursor()
         try:
-            self._create_views(connection)
+            for table in empty:  # a table no file holds yet: its columns, no rows
+                connection.register(table, self._empty(table))
             frame: pandas.DataFrame = connection.execute(query).df()
         finally:
             connection.close()
         return frame
 
-    def _create_views(self, connection: Any) -> None:
-        for table in TABLES:
-            paths = self._readable(table)
-            if not paths:
-                connection.register(table, self._empty(table))
-                continue
-            urls = [duckdb_url(self._fs, path) for path in paths]
-            rankless = sum(path in self._rankless for path in paths)
-            create_view(connection, table, urls, rankless)
+    def _refresh_views(self) -> list[str]:
+        """Make the tables' views over the files listed now, unless they are that already.
+
+        Views live in the run's database, shared by its cursors, and are made again only
+        when the listing changed: binding a view reads every file's schema, which cost most
+        of a small query. Returns the tables that have no file.
+        """
+        listing = {table: self._readable(table) for table in TABLES}
+        signature = (self._database.opened, tuple(tuple(paths) for paths in listing.values()))
+        with self._views_lock:
+            if signature != self._views_signature:
+                connection = self._database.cursor()
+                try:
+                    for table, paths in listing.items():
+                        if paths:
+                            urls = [duckdb_url(self._fs, path) for path in paths]
+                            rankless = sum(path in self._rankless for path in paths)
+                            create_view(connection, table, urls, rankless)
+                        else:
+                            connection.execute(f"drop view if exists {table}")
+                finally:
+                    connection.close()
+                # The database may have been opened by the cursor: the views are its.
+                self._views_signature = (self._database.opened, signature[1])
+        return [table for table, paths in listing.items() if not paths]
 
     # ------------------------------------------------------------------ files
 
@@ -300,6 +322,9 @@ class Run:
                 names = files_to_read([p.rstrip("/").rsplit("/", 1)[-1] for p in listed])
             for name in names:
                 path = f"{directory}/{name}"
+                if path in self._checked:  # files are written whole and never change
+                    paths.append(path)
+                    continue
                 try:
                     with self._fs.open(path, "rb") as file:
                         columns = parquet.read_metadata(file).schema.names
@@ -310,6 +335,7 @@ class Run:
                     continue
                 if "rank" not in columns:
                     self._rankless.add(path)
+                self._checked.add(path)
                 paths.append(path)
         return paths
 

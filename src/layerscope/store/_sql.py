@@ -25,12 +25,14 @@ class Database:
     def __init__(self, fs: Any) -> None:
         self._fs = fs
         self._connection: Any = None
+        self.opened = 0  # how many times it was opened: views made before are gone
 
     def cursor(self) -> Any:
         """A new cursor of the database, which is opened now if it is not yet."""
         if self._connection is None:
             duckdb = require("duckdb", "dataframe")
             self._connection = duckdb.connect()
+            self.opened += 1
             if self._fs.protocol not in ("file", ("file", "local")):
                 self._connection.register_filesystem(self._fs)
             _OPEN.add(self)
@@ -71,7 +73,7 @@ def create_view(connection: Any, table: str, urls: list[str], rankless: int) -> 
         columns = "*, 0::integer as rank"
     elif rankless:
         columns = "* replace (coalesce(rank, 0)::integer as rank)"
-    connection.execute(f"create or replace temp view {table} as select {columns} from {source}")
+    connection.execute(f"create or replace view {table} as select {columns} from {source}")
 
 
 def duckdb_url(fs: Any, path: str) -> str:
