@@ -42,3 +42,11 @@ def test_figures_example_writes_every_figure(tmp_path):
     assert written == sorted([*(f"{name}.png" for name in figures), "grad_histogram.gif"])
     assert out.count("\n") == len(written)
     assert (tmp_path / "runs" / "figures" / "run.json").exists()
+
+
+def test_digits_example_learns_and_records(tmp_path):
+    pytest.importorskip("sklearn")
+    out = run_example("digits.py", cwd=tmp_path)
+    accuracy = float(re.search(r"test accuracy ([\d.]+)%", out).group(1))
+    assert accuracy > 80
+    assert re.search(r"recorded \d+ rows at steps \[0, 1, 2", out)
