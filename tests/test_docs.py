@@ -28,6 +28,13 @@ API_PAGES = {
         "layerscope.store.ParquetStore",
     ],
     "reference/schedule": ["layerscope.Schedule"],
+    "reference/capture": [
+        "layerscope.capture",
+        "layerscope.load_capture",
+        "layerscope.tensors.Capture",
+        "layerscope.tensors.Capture.to_frame",
+        "layerscope.tensors.SavedCapture",
+    ],
     "reference/plots": [
         "layerscope.plots.RunPlots",
         "layerscope.plots.RunPlots.stats",

@@ -22,6 +22,7 @@ from layerscope._schedule import Schedule
 from layerscope._scope import Scope
 from layerscope._watch import watch
 from layerscope.store import Run, load, runs
+from layerscope.tensors import capture, load_capture
 
 __all__ = [
     "CallEvent",
@@ -34,8 +35,10 @@ __all__ = [
     "Scope",
     "__version__",
     "animate",
+    "capture",
     "health",
     "load",
+    "load_capture",
     "runs",
     "sinks",
     "stats",

@@ -1,0 +1,148 @@
+"""``capture()``'s arguments, checked: errors name the argument and what was expected."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from layerscope._kinds import Kind
+from layerscope._select import Selection, check_types, compile_patterns, pattern_texts
+from layerscope.tensors._records import Record
+from layerscope.tensors._reductions import Reduction, parse_reduction
+
+KINDS = (Kind.ACTIVATION, Kind.GRAD, Kind.INPUT)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CaptureOptions:
+    """What a capture keeps, of which modules, and when."""
+
+    selection: Selection
+    kinds: frozenset[Kind]
+    condition: Callable[[Record], object] | None
+    reduction: Reduction | None
+    stash_value: Callable[[Tensor], Tensor] | None
+    every: int
+    device: torch.device | None
+    max_bytes: int | None
+
+    @classmethod
+    def from_arguments(
+        cls,
+        *,
+        include: object,
+        exclude: object,
+        types: object,
+        kinds: object,
+        condition: object,
+        reduction: object,
+        stash_value: object,
+        every: object,
+        device: object,
+        max_bytes: object,
+    ) -> CaptureOptions:
+        """Check ``capture()``'s arguments."""
+        return cls(
+            selection=Selection(
+                include=compile_patterns(include, "include"),
+                exclude=compile_patterns(exclude, "exclude"),
+                types=check_types(types),
+            ),
+            kinds=parse_kinds(kinds),
+            condition=parse_condition(condition),
+            reduction=parse_reduction(reduction),
+            stash_value=_callable_or_none(stash_value, "stash_value", "fn(tensor) -> Tensor"),
+            every=_int_at_least(every, "every", 1),
+            device=parse_device(device),
+            max_bytes=None if max_bytes is None else _int_at_least(max_bytes, "max_bytes", 0),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, saved with the capture."""
+        return {
+            "include": pattern_texts(self.selection.include),
+            "exclude": pattern_texts(self.selection.exclude),
+            "types": [cls.__name__ for cls in self.selection.types or ()],
+            "kinds": sorted(kind.value for kind in self.kinds),
+            "condition": self.condition is not None,
+            "reduction": None if self.reduction is None else self.reduction.name,
+            "stash_value": self.stash_value is not None,
+            "every": self.every,
+            "device": None if self.device is None else str(self.device),
+            "max_bytes": self.max_bytes,
+        }
+
+
+def parse_kinds(kinds: object) -> frozenset[Kind]:
+    """``kinds``: some of ``activation``, ``grad``, ``input``."""
+    names = ", ".join(kind.value for kind in KINDS)
+    items = (kinds,) if isinstance(kinds, str | Kind) else kinds
+    if not isinstance(items, Iterable):
+        raise TypeError(f"kinds: expected a tuple of kind names ({names}), got {kinds!r}")
+    parsed = set()
+    for item in items:
+        try:
+            kind = Kind(item)
+        except ValueError:
+            kind = None
+        if kind not in KINDS:
+            raise ValueError(f"kinds: unknown kind {item!r}; expected some of {names}")
+        parsed.add(kind)
+    if not parsed:
+        raise ValueError(f"kinds: expected at least one of {names}")
+    return frozenset(k for k in parsed if k is not None)
+
+
+def parse_condition(condition: object) -> Callable[[Record], object] | None:
+    """``condition``: None, or a callable taking one argument (the Record to be kept)."""
+    checked: Callable[[Record], object] | None = _callable_or_none(
+        condition, "condition", "fn(record) -> bool"
+    )
+    if checked is None:
+        return None
+    try:
+        signature = inspect.signature(checked)
+    except (TypeError, ValueError):  # a builtin without a signature: trust it
+        return checked
+    try:
+        signature.bind(None)
+    except TypeError:
+        raise TypeError(
+            f"condition: expected a callable taking one argument, the record (its metadata "
+            f"and the live tensor), got one with signature {signature}; write "
+            f"lambda record: ... to ignore it"
+        ) from None
+    return checked
+
+
+def parse_device(device: object) -> torch.device | None:
+    """``device``: where kept values go; None keeps each on its own device."""
+    if device is None:
+        return None
+    if not isinstance(device, str | torch.device):
+        raise TypeError(f"device: expected a device name or torch.device, got {device!r}")
+    try:
+        parsed = torch.device(device)
+        torch.empty(0, device=parsed)
+    except (RuntimeError, AssertionError) as error:
+        raise ValueError(f"device: {device!r} cannot be used here: {error}") from None
+    return parsed
+
+
+def _callable_or_none(value: object, argument: str, expected: str) -> Any:
+    if value is not None and not callable(value):
+        raise TypeError(f"{argument}: expected a callable {expected}, got {value!r}")
+    return value
+
+
+def _int_at_least(value: object, argument: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{argument}: expected an int >= {least}, got {value!r}")
+    if value < least:
+        raise ValueError(f"{argument}: expected an int >= {least}, got {value}")
+    return value

@@ -1,0 +1,90 @@
+"""What a capture keeps: one ``Record`` per tensor, its value a compact detached copy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+# The fields that say which tensor a record holds, in the order frames and files show them.
+METADATA = ("module", "type", "kind", "tensor", "step", "phase", "call", "count")
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class Record:
+    """One tensor kept by ``layerscope.capture``.
+
+    Attributes:
+        module: the module's qualified name (``named_modules()``; ``""`` is the root).
+        type: the module's class name, e.g. ``"Linear"``.
+        kind: ``"activation"`` (forward output), ``"grad"`` (gradient with respect to the
+            forward output) or ``"input"`` (forward input).
+        tensor: the tensor inside the output or input: ``out``, ``out.0``, ``out.logits``,
+            ``in.0``, ``in.mask``.
+        step: the step of the forward pass it comes from (a gradient has its forward's).
+        phase: ``"train"`` where the model was in training mode with grad enabled, else
+            ``"eval"``.
+        call: 0 for the module's first call in the step and phase, 1 for the next, ...
+        value: the tensor: detached, a compact copy (never a view of a larger storage).
+        count: how many tensors ``value`` reduces (1 without a ``reduction``).
+    """
+
+    module: str
+    type: str
+    kind: str
+    tensor: str
+    step: int
+    phase: str
+    call: int
+    value: Tensor
+    count: int = 1
+
+    def metadata(self) -> dict[str, str | int]:
+        """Every field but ``value``, as a dict."""
+        return {name: getattr(self, name) for name in METADATA}
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in METADATA)
+        value = self.value
+        shape = tuple(value.shape) if isinstance(value, Tensor) else None
+        dtype = str(value.dtype).removeprefix("torch.") if isinstance(value, Tensor) else None
+        return f"Record({fields}, value=<{dtype} {shape}>)"
+
+
+def kept_copy(
+    tensor: Tensor, device: torch.device | None, dtype: torch.dtype | None = None
+) -> Tensor:
+    """A detached, contiguous copy of ``tensor`` with a storage of its own and no larger.
+
+    A slice of a batch's output is a view that holds the whole batch's storage; this copies
+    only its elements. ``device`` None keeps the tensor's own device.
+
+    Examples:
+        >>> import torch
+        >>> row = torch.zeros(1000, 10)[3]
+        >>> copy = kept_copy(row, torch.device("cpu"))
+        >>> copy.untyped_storage().nbytes(), row.untyped_storage().nbytes()
+        (40, 40000)
+    """
+    source = tensor.detach().resolve_conj().resolve_neg()
+    return source.to(
+        device=source.device if device is None else device,
+        dtype=source.dtype if dtype is None else dtype,
+        copy=True,
+        memory_format=torch.contiguous_format,
+    )
+
+
+def is_compact(value: Tensor) -> bool:
+    """Whether ``value`` is contiguous and its storage holds nothing but its elements."""
+    return (
+        value.is_contiguous()
+        and value.storage_offset() == 0
+        and value.untyped_storage().nbytes() == value.numel() * value.element_size()
+    )
+
+
+def kept_bytes(value: Tensor) -> int:
+    """Bytes of memory ``value`` keeps: its whole storage."""
+    return int(value.untyped_storage().nbytes())

@@ -1,0 +1,130 @@
+"""What a capture's records offer, open, closed or loaded: a frame, a save, a clear."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from layerscope._imports import require
+from layerscope.tensors._records import METADATA, Record
+from layerscope.tensors._save import read_records, write_records
+
+
+class RecordSet:
+    """Records of tensors, in the order they were kept."""
+
+    def __init__(self, records: list[Record] | None = None) -> None:
+        self._records: list[Record] = [] if records is None else records
+
+    @property
+    def records(self) -> list[Record]:
+        """The records, in the order they were first kept (a new list)."""
+        return list(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records)
+
+    def __getitem__(self, index: int) -> Record:
+        return self._records[index]
+
+    def clear(self) -> None:
+        """Forget every record."""
+        self._records = []
+
+    def _info(self) -> dict[str, Any]:
+        return {}
+
+    def to_frame(
+        self, stat: Callable[[Tensor], Any] = torch.std, stat_name: str | None = None
+    ) -> Any:
+        """A pandas DataFrame: one row per record, with ``stat`` of its value.
+
+        Args:
+            stat: a function of a tensor to a scalar (a 0-d tensor or a number); integer and
+                bool values are given to it as float64.
+            stat_name: the column's name; ``stat.__name__`` by default.
+
+        Returns:
+            Columns ``module, type, kind, tensor, step, phase, call, count, dtype, shape`` and
+            the statistic's.
+        """
+        pandas = require("pandas", "dataframe")
+        name: str = stat_name or getattr(stat, "__name__", None) or "stat"
+        rows = []
+        for record in self._records:
+            value = record.value
+            if not (value.is_floating_point() or value.is_complex()):
+                value = value.double()
+            result = stat(value)
+            row: dict[str, Any] = record.metadata()
+            row["dtype"] = str(record.value.dtype).removeprefix("torch.")
+            row["shape"] = tuple(record.value.shape)
+            row[name] = result.item() if isinstance(result, Tensor) else result
+            rows.append(row)
+        columns = [*METADATA, "dtype", "shape", name]
+        return pandas.DataFrame(rows, columns=columns)
+
+    def save(self, dir: str | os.PathLike[str], overwrite: bool = False) -> Path:
+        """Write the records under ``dir``: safetensors value files and a JSON index.
+
+        ``layerscope.load_capture(dir)`` reads them back, values bit for bit. Nothing is
+        pickled. Needs ``pip install 'layerscope[capture]'`` (safetensors).
+
+        Args:
+            dir: a directory; made if missing.
+            overwrite: replace a capture already saved there (else FileExistsError).
+
+        Returns:
+            The directory.
+        """
+        return write_records(self._records, dir, self._info(), overwrite=overwrite)
+
+
+class SavedCapture(RecordSet):
+    """A capture read back by ``layerscope.load_capture``: its records and what made them."""
+
+    def __init__(self, records: list[Record], info: dict[str, Any]) -> None:
+        super().__init__(records)
+        self.info = info
+
+    def _info(self) -> dict[str, Any]:
+        return dict(self.info)
+
+    def __repr__(self) -> str:
+        return f"SavedCapture(records={len(self._records)})"
+
+
+def load_capture(dir: str | os.PathLike[str], device: str | torch.device = "cpu") -> SavedCapture:
+    """Read a capture that ``Capture.save(dir)`` wrote.
+
+    Args:
+        dir: the directory.
+        device: where the values go.
+
+    Returns:
+        A ``SavedCapture`` with the same records, in the same order, values bit for bit;
+        ``info`` holds the capture's options and counts (``skipped``, ``failures``).
+
+    Examples:
+        >>> import tempfile, torch, layerscope
+        >>> model = torch.nn.Linear(3, 2)
+        >>> with layerscope.capture(model) as cap:
+        ...     model(torch.ones(4, 3)).sum().backward()
+        >>> folder = tempfile.mkdtemp()
+        >>> _ = cap.save(folder)
+        >>> loaded = layerscope.load_capture(folder)
+        >>> [(r.kind, r.tensor) for r in loaded.records]
+        [('activation', 'out'), ('grad', 'out')]
+        >>> torch.equal(loaded.records[0].value, cap.records[0].value)
+        True
+    """
+    records, info = read_records(dir, device)
+    return SavedCapture(records, info)

@@ -1,0 +1,130 @@
+"""A capture on disk: values in safetensors files, everything else in ``capture.json``.
+
+``capture.json`` lists the records in order with their metadata, the file that holds each
+value and its key there; values go into files of at most ``SHARD_BYTES`` each. Nothing is
+pickled: loading a capture runs no code from the files. The index is written last, by an
+atomic rename, so a directory always holds a complete capture or none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from layerscope._imports import require
+from layerscope.tensors._records import METADATA, Record, is_compact
+
+INDEX = "capture.json"
+FORMAT = "layerscope.capture"
+VERSION = 1
+SHARD_BYTES = 1 << 30
+
+
+def write_records(
+    records: Sequence[Record],
+    directory: str | os.PathLike[str],
+    info: dict[str, Any],
+    overwrite: bool = False,
+) -> Path:
+    """Write ``records`` under ``directory``; see ``Capture.save``."""
+    safetensors_torch = require("safetensors.torch", "capture")
+    path = Path(directory)
+    index_path = path / INDEX
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"dir: {str(path)!r} is a file, not a directory")
+    old_files: list[str] = []
+    if index_path.exists():
+        if not overwrite:
+            raise FileExistsError(
+                f"dir: {str(path)!r} already holds a capture; pass overwrite=True to replace it"
+            )
+        old_files = list(_read_index(path).get("files", []))
+    path.mkdir(parents=True, exist_ok=True)
+
+    token = uuid.uuid4().hex[:8]  # new names: the old capture stays whole until the index moves
+    files: list[str] = []
+    entries: list[dict[str, Any]] = []
+    shard: dict[str, Tensor] = {}
+    shard_bytes = 0
+
+    def flush() -> None:
+        nonlocal shard, shard_bytes
+        if not shard:
+            return
+        name = f"values-{token}-{len(files):05d}.safetensors"
+        safetensors_torch.save_file(shard, str(path / name))
+        files.append(name)
+        shard, shard_bytes = {}, 0
+
+    for number, record in enumerate(records):
+        value = record.value.detach()
+        if value.device.type != "cpu":
+            value = value.cpu()
+        if not is_compact(value):  # safetensors writes whole, unshared storages
+            value = value.clone(memory_format=torch.contiguous_format)
+        size = value.numel() * value.element_size()
+        if shard and shard_bytes + size > SHARD_BYTES:
+            flush()
+        key = f"{number:08d}"
+        shard[key] = value
+        shard_bytes += size
+        entries.append({**record.metadata(), "file": len(files), "key": key})
+    flush()
+
+    index = {"format": FORMAT, "version": VERSION, "files": files, "info": info}
+    index["records"] = entries
+    temporary = path / f".{INDEX}.{token}.tmp"
+    temporary.write_text(json.dumps(index, indent=1), encoding="utf-8")
+    os.replace(temporary, index_path)
+    for name in old_files:
+        if name not in files and _is_value_file(name):
+            (path / name).unlink(missing_ok=True)
+    return path
+
+
+def read_records(
+    directory: str | os.PathLike[str], device: str | torch.device = "cpu"
+) -> tuple[list[Record], dict[str, Any]]:
+    """The records and the info saved under ``directory`` by ``write_records``."""
+    safetensors_torch = require("safetensors.torch", "capture")
+    path = Path(directory)
+    index = _read_index(path)
+    files = index["files"]
+    for name in files:
+        if not _is_value_file(name):
+            raise ValueError(f"dir: {str(path / INDEX)!r} names a file that is not a value file")
+    values = [safetensors_torch.load_file(str(path / name), device=str(device)) for name in files]
+    records = []
+    for entry in index["records"]:
+        metadata = {name: entry[name] for name in METADATA}
+        records.append(Record(**metadata, value=values[entry["file"]][entry["key"]]))
+    return records, dict(index.get("info", {}))
+
+
+def _read_index(path: Path) -> dict[str, Any]:
+    index_path = path / INDEX
+    if not index_path.is_file():
+        raise FileNotFoundError(f"dir: no capture in {str(path)!r} (no {INDEX})")
+    index: dict[str, Any] = json.loads(index_path.read_text(encoding="utf-8"))
+    if index.get("format") != FORMAT or index.get("version") != VERSION:
+        raise ValueError(
+            f"dir: {str(index_path)!r} is not a layerscope capture of version {VERSION}"
+        )
+    return index
+
+
+def _is_value_file(name: object) -> bool:
+    """A plain file name of ours: an index cannot point outside its directory."""
+    return (
+        isinstance(name, str)
+        and name.startswith("values-")
+        and name.endswith(".safetensors")
+        and Path(name).name == name
+    )
