@@ -50,3 +50,20 @@ def test_digits_example_learns_and_records(tmp_path):
     accuracy = float(re.search(r"test accuracy ([\d.]+)%", out).group(1))
     assert accuracy > 80
     assert re.search(r"recorded \d+ rows at steps \[0, 1, 2", out)
+
+
+def test_whole_tensors_example_keeps_renders_and_animates(tmp_path):
+    pytest.importorskip("safetensors")
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    out = run_example("whole_tensors.py", "--out", tmp_path / "whole", cwd=tmp_path)
+    assert "the run kept 48 whole tensors" in out  # 12 kept steps: 2 activations, 2 weights
+    assert "whole tensors not kept: 0" in out
+    drawn = re.search(r"the worker drew (\d+) heat maps.*; (\d+) tensors came while", out)
+    assert drawn is not None
+    assert int(drawn.group(1)) + int(drawn.group(2)) == 48
+    animations = tmp_path / "whole" / "run" / "animations"
+    for name in ("0-weight-heatmap.gif", "3-activation-pca.gif"):
+        with Image.open(animations / name) as gif:
+            assert gif.n_frames == 12

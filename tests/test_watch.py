@@ -367,7 +367,8 @@ def test_import_pulls_in_torch_and_the_standard_library_only():
     code = (
         "import sys, layerscope; "
         "heavy = {'pandas', 'pyarrow', 'duckdb', 'matplotlib', 'plotly', 'tensorboard', "
-        "'lightning', 'transformers', 'wandb', 'mlflow', 'starlette', 'uvicorn', 'rich'}; "
+        "'lightning', 'transformers', 'wandb', 'mlflow', 'starlette', 'uvicorn', 'rich', "
+        "'safetensors'}; "
         "print(sorted(heavy & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -13,7 +13,7 @@ Examples:
     2     0         weight_grad  weight
 """
 
-from layerscope import health, sinks, stats, store
+from layerscope import health, sinks, stats, store, tensors
 from layerscope._animate import animate
 from layerscope._errors import LayerscopeWarning, NonFiniteError
 from layerscope._kinds import Kind
@@ -43,6 +43,7 @@ __all__ = [
     "sinks",
     "stats",
     "store",
+    "tensors",
     "watch",
 ]
 __version__ = "0.1.0"

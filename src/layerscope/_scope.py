@@ -13,8 +13,9 @@ from __future__ import annotations
 import time
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -40,10 +41,14 @@ from layerscope._ranks import ProcessRank
 from layerscope._recorder import Recorder, Target
 from layerscope._select import device_type, is_compiled, pattern_texts, select, unwrap
 from layerscope._steps import StepClock
+from layerscope._whole_tensors import WholeTensors
 from layerscope.health import HealthMonitor
 from layerscope.sinks._base import FanOut, RunInfo, RunSummary, Sink
 from layerscope.sinks._memory import MemorySink
 from layerscope.stats._partials import kernel_name
+from layerscope.tensors._records import Record
+from layerscope.tensors._recordset import SavedCapture
+from layerscope.tensors._spec import TensorsSpec
 
 if TYPE_CHECKING:
     import pandas
@@ -67,8 +72,12 @@ class Scope:
         config: WatchConfig,
         sinks: Sequence[Sink] = (),
         store: ParquetStore | None = None,
+        tensors: TensorsSpec | None = None,
+        on_tensor: Callable[[Record, Path | None], object] | None = None,
+        workers: int = 0,
     ) -> None:
         self.config = config
+        self._tensors_spec = tensors
         self._root = unwrap(model)
         self._optimizers = list(optimizers)
         self._place = ProcessRank()  # the rank is asked for when first needed
@@ -154,9 +163,23 @@ class Scope:
             self._fail,
             end_step=self._finish_step,
         )
+        self._whole: WholeTensors | None = None
         try:
             self._layers.register()
             self._parameters.register(on_backward=self._layers.backward_ended)
+            if tensors is not None:
+                self._whole = WholeTensors(
+                    self._root,
+                    tensors,
+                    store,
+                    self._place,
+                    self._failures,
+                    step_now=lambda: self._clock.pass_step,
+                    records_statistics=config.schedule.records,
+                    first_step=config.start_step,
+                    on_tensor=on_tensor,
+                    workers=workers,
+                )
         except BaseException:
             self.close("failed")
             if store is not None:  # a watch() that failed leaves no run behind
@@ -282,6 +305,31 @@ class Scope:
         self._check_open("flush")
         self._flush_so_far()
         self._pipeline.drain()
+        if self._whole is not None:
+            self._whole.drain()
+
+    @property
+    def tensors(self) -> SavedCapture:
+        """The whole tensors kept so far (``tensors=``), as ``layerscope.load_capture`` reads them.
+
+        Read back from the run's files, or from memory for a run without a directory; each
+        record's ``step`` is the scope's. Empty without ``tensors=``.
+        """
+        if self._whole is None:
+            return SavedCapture([], {"tensors": None})
+        self._whole.drain()
+        return self._whole.records()
+
+    @property
+    def tensors_dropped(self) -> int:
+        """Whole tensors not kept: past ``max_bytes``, or while earlier steps' were written."""
+        return 0 if self._whole is None else self._whole.dropped
+
+    @property
+    def on_tensor_dropped(self) -> int:
+        """Tensors ``on_tensor`` did not get: its workers were busy (or it was turned off)."""
+        workers = None if self._whole is None else self._whole.workers
+        return 0 if workers is None else workers.dropped
 
     def _catch_up(self) -> None:
         """Before reading what was recorded: warn of failures, write every step so far."""
@@ -327,6 +375,8 @@ class Scope:
             self._layers.remove()
             self._parameters.remove()
             self._claims.release()
+            if self._whole is not None:
+                self._whole.close(timeout)
             finished = self._pipeline.close(partial(self._summary, status), timeout)
             self._failures.warn_pending()
             self._pipeline.log_alerts()
@@ -374,7 +424,9 @@ class Scope:
         except Exception as error:
             self._fail("flushing a step", error)
         self._layers.step_ended()
-        clock.end_step()
+        ended = clock.end_step()
+        if self._whole is not None:
+            self._whole.end_step(ended, clock.step)
         self._layers.sync()
         self._parameters.step_ended()
         self._failures.warn_pending()
@@ -394,7 +446,7 @@ class Scope:
             name=name,
             started=self._started,
             place=self._place,
-            config=self.config.to_dict(),
+            config={**self.config.to_dict(), "tensors": _spec_dict(self._tensors_spec)},
             modules=self._modules,
             histogram_edges=self.config.histogram_edges(),
         )
@@ -427,3 +479,7 @@ class Scope:
     def _check_open(self, action: str) -> None:
         if self._closed:
             raise RuntimeError(f"{action}: this scope is closed")
+
+
+def _spec_dict(spec: TensorsSpec | None) -> dict[str, object] | None:
+    return None if spec is None else spec.to_dict()

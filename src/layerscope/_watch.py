@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from layerscope._config import WatchConfig, check_model
+from layerscope._imports import require
 from layerscope._kinds import DEFAULT_CAPTURE, Kind
 from layerscope._optimizers import parse_optimizers
 from layerscope._schedule import Schedule
 from layerscope._scope import Scope
 from layerscope.sinks._base import Sink
+from layerscope.tensors._records import Record
+from layerscope.tensors._spec import parse_tensors
 
 
 def watch(
@@ -31,6 +35,9 @@ def watch(
     sinks: Sequence[Sink] = (),
     ranks: str = "each",
     start_step: int = 0,
+    tensors: str | Sequence[str] | Mapping[str, Any] | None = None,
+    on_tensor: Callable[[Record, Path | None], object] | None = None,
+    workers: int | None = None,
 ) -> Scope:
     """Record statistics of every layer of ``model`` while it trains.
 
@@ -73,6 +80,25 @@ def watch(
             step rather than on a timer. Scalars and sentinel rows stay each rank's own.
         start_step: the number of the first step: a training resumed from a checkpoint
             passes the steps it had done, so that its steps (and ``every``) go on from there.
+        tensors: whole tensors to keep in the run, beside the statistics: a regex (or list)
+            of module names, or a dict with keys ``include``, ``exclude``, ``types``,
+            ``kinds`` (some of ``activation``, ``grad``, ``input``, ``weight``; default
+            activations and output gradients), ``every`` (keep them every N-th step;
+            default: the steps that record statistics), ``stash_value`` (``fn(tensor) ->
+            Tensor`` applied on the device first), ``max_bytes`` (default 1 GiB; past it
+            nothing more is kept, with one warning) and ``keep`` (False: only give them to
+            ``on_tensor``). Copied on the device in the hook, to the host at the step's end
+            without a sync, and written as safetensors under ``<run>/tensors/`` by a thread of
+            their own; ``run.tensors`` and ``scope.tensors`` read them back. Needs
+            ``layerscope[capture]``.
+        on_tensor: ``fn(record, directory)`` called in worker processes on each tensor that
+            ``tensors=`` keeps (a CPU copy): ``directory`` is this rank's place in the run
+            (None for a run in memory), where results go; ``layerscope.tensors.HeatMap()``
+            and the other renderers are such callbacks. It must be picklable (a module-level
+            function, a class instance, a ``functools.partial``). When the workers are busy a
+            tensor is dropped and counted, so training never waits for them; a callback that
+            raises is reported once and its worker restarted.
+        workers: how many worker processes run ``on_tensor`` (default 1).
 
     Returns:
         A ``Scope``: a context manager whose exit removes every hook.
@@ -80,8 +106,8 @@ def watch(
     Raises:
         TypeError: ``model`` is not a module, or an argument has the wrong type.
         ValueError: a bad regex, an unknown statistic or kind, ``every <= 0``, ``update``
-            without an optimizer, a selection that matches no module, or ``ranks`` not
-            ``"each"`` or ``"merge"``.
+            without an optimizer, a selection that matches no module, ``ranks`` not
+            ``"each"`` or ``"merge"``, or ``on_tensor`` without ``tensors``.
 
     Examples:
         >>> import torch, layerscope
@@ -110,12 +136,31 @@ def watch(
         ranks=ranks,
         start_step=start_step,
     )
+    tensors_spec = parse_tensors(tensors)
+    callback, worker_count = None, 0
+    if on_tensor is not None or workers is not None:
+        from layerscope.tensors._workers import check_on_tensor
+
+        callback, worker_count = check_on_tensor(on_tensor, workers)
+    if callback is not None and tensors_spec is None:
+        raise ValueError("on_tensor: needs tensors= to say which tensors go to it")
+    if tensors_spec is not None and tensors_spec.keep:
+        require("safetensors", "capture")
     store = None
     if run is not None:
         from layerscope.store import ParquetStore
 
         store = run if isinstance(run, ParquetStore) else ParquetStore(run)  # type: ignore[arg-type]  # ParquetStore checks the type
-    return Scope(model, optimizers, config, sinks=checked_sinks, store=store)
+    return Scope(
+        model,
+        optimizers,
+        config,
+        sinks=checked_sinks,
+        store=store,
+        tensors=tensors_spec,
+        on_tensor=callback,
+        workers=worker_count,
+    )
 
 
 def _check_sinks(sinks: object) -> list[Sink]:

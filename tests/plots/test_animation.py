@@ -128,7 +128,7 @@ def test_bad_arguments_name_themselves(run, arguments, match):
 
 
 def test_run_must_be_a_run(tmp_path):
-    with pytest.raises(TypeError, match="run: expected a Run"):
+    with pytest.raises(TypeError, match="source: expected"):
         layerscope.animate(3, "1")
     with pytest.raises(FileNotFoundError):
         layerscope.animate(tmp_path / "none", "1")

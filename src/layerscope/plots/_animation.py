@@ -2,12 +2,15 @@
 
 Frames are drawn with matplotlib and written by ``_video``. A GIF is kept in memory until
 written (about 150 KB a frame), so one of thousands of steps wants ``steps=`` to choose some.
+``"histogram"`` draws a run's recorded log2 histograms; ``"heatmap"``, ``"pca"`` and
+``"values"`` draw whole tensors (a capture's, or those a run kept) with the renderers of
+``layerscope.tensors``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,15 +23,20 @@ from layerscope.plots._histograms import (
     occupied_range,
     read_histograms,
 )
-from layerscope.plots._select import DEFAULT_TENSOR
+from layerscope.plots._select import DEFAULT_TENSOR, check_kind, check_phase
 from layerscope.plots._video import write_video
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
     from matplotlib.figure import Figure
 
     from layerscope.plots._source import RunTables
+    from layerscope.tensors._records import Record
+    from layerscope.tensors._render import TensorFrames
 
-WHATS = ("histogram",)
+# Of whole tensors, each by a renderer of layerscope.tensors: HeatMap, PCA, Histogram.
+TENSOR_WHATS = ("heatmap", "pca", "values")
+WHATS = ("histogram", *TENSOR_WHATS)
 FRAME_SIZE = (6.4, 3.6)  # inches, at 80 dpi: 512 x 288 pixels
 DPI = 80
 
@@ -74,6 +82,74 @@ def histogram_animation(
     return path
 
 
+def tensor_animation(frames: TensorFrames, path: Path, fps: float) -> Path:
+    """Write ``frames``, blitted, to ``path``; return it."""
+    write_video(_blitted(frames.figure, frames.draw, len(frames), frames.moving), path, fps)
+    return path
+
+
+def tensor_records(
+    records: Iterable[Record],
+    module: str,
+    kind: str,
+    tensor: str | None,
+    phase: str,
+    steps: Sequence[int] | None,
+) -> list[Record]:
+    """The records of one tensor, the first call of each step, by step or in ``steps``' order.
+
+    ``tensor`` None: the kind's usual one (``out``, ``weight``, ...), or the only one kept.
+
+    Raises:
+        ValueError: naming ``module``, ``kind``, ``tensor``, ``phase`` or ``steps``, whichever
+            has no records.
+    """
+    kind = check_kind(kind)
+    phase = check_phase(phase)
+    records = list(records)
+    of_module = [record for record in records if record.module == module]
+    if not of_module:
+        kept = list(dict.fromkeys(record.module for record in records))
+        raise ValueError(f"module: no whole tensors of {module!r}; kept of modules {kept}")
+    of_kind = [record for record in of_module if record.kind == kind]
+    if not of_kind:
+        kinds = sorted({record.kind for record in of_module})
+        raise ValueError(f"kind: no {kind!r} tensors of module {module!r}; kept {kinds}")
+    names = list(dict.fromkeys(record.tensor for record in of_kind))
+    if tensor is None:
+        usual = DEFAULT_TENSOR[kind]
+        if usual not in names and len(names) > 1:
+            raise ValueError(
+                f"tensor: module {module!r} kept {kind} tensors {names}; choose one with tensor="
+            )
+        tensor = usual if usual in names else names[0]
+    elif tensor not in names:
+        raise ValueError(f"tensor: module {module!r} kept {kind} tensors {names}, not {tensor!r}")
+    of_tensor = [record for record in of_kind if record.tensor == tensor]
+    first_calls: dict[int, Record] = {}
+    for record in of_tensor:
+        if record.phase != phase:
+            continue
+        held = first_calls.get(record.step)
+        if held is None or record.call < held.call:
+            first_calls[record.step] = record
+    if not first_calls:
+        phases = sorted({record.phase for record in of_tensor})
+        raise ValueError(
+            f"phase: no {phase!r} records of {module!r} {kind} {tensor!r}; kept phases {phases}"
+        )
+    kept_steps = sorted(first_calls)
+    if steps is None:
+        return [first_calls[step] for step in kept_steps]
+    missing = [step for step in steps if int(step) not in first_calls]
+    if missing or not len(steps):
+        shown = kept_steps if len(kept_steps) <= 20 else [*kept_steps[:10], "...", *kept_steps[-5:]]
+        raise ValueError(
+            f"steps: {missing or list(steps)} not kept; {len(kept_steps)} steps were: {shown}"
+        )
+    return [first_calls[int(step)] for step in steps]
+
+
 def _chosen_columns(recorded: np.ndarray, steps: Sequence[int] | None) -> list[int]:
     """Columns of ``recorded`` for ``steps`` (all if None), or a ValueError naming ``steps``."""
     if steps is None:
@@ -113,17 +189,20 @@ def _save(fig: Figure, draw: Any, frames: int, path: Path, fps: float) -> None:
     write_video(_blitted(fig, draw, frames), path, fps)
 
 
-def _blitted(fig: Figure, draw: Any, frames: int) -> Iterator[np.ndarray]:
+def _blitted(
+    fig: Figure, draw: Any, frames: int, moving: Sequence[Artist] | None = None
+) -> Iterator[np.ndarray]:
     """Each frame as an RGBA array, redrawing only what moves over a background drawn once.
 
-    What moves is each axes' bars and texts; the spines are drawn again over them, as a full
-    draw does. Laying out and drawing the ticks and labels anew per frame would cost ten
-    times more.
+    What moves is ``moving``, by default each axes' bars and texts; the spines are drawn again
+    over them, as a full draw does. Laying out and drawing the ticks and labels anew per frame
+    would cost ten times more.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     canvas = FigureCanvasAgg(fig)
-    moving = [artist for ax in fig.axes for artist in (*ax.patches, *ax.texts)]
+    if moving is None:
+        moving = [artist for ax in fig.axes for artist in (*ax.patches, *ax.texts)]
     over = [spine for ax in fig.axes for spine in ax.spines.values()]
     for artist in moving:
         artist.set_visible(False)

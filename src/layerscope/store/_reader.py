@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import pandas
 
     from layerscope.plots import RunPlots
+    from layerscope.tensors import SavedCapture
 
 TABLES = (*SEGMENTED_TABLES, "calls")
 RANKS = ("each", "merge")
@@ -188,6 +189,20 @@ class Run:
         rank.
         """
         return self._frame("alerts")
+
+    @property
+    def tensors(self) -> SavedCapture:
+        """The whole tensors the run kept (``watch(tensors=...)``), of rank 0.
+
+        Records in the order written, each with its step; empty if the run kept none. Another
+        rank's: ``layerscope.load_capture(f"{run.path}/rank-00001/tensors")``. Needs
+        ``layerscope[capture]``.
+        """
+        from layerscope.tensors._parts import DIRECTORY, read_parts
+        from layerscope.tensors._recordset import SavedCapture
+
+        records = read_parts(self._fs, f"{self._root}/{DIRECTORY}")
+        return SavedCapture(records, {"tensors": self.meta.get("config", {}).get("tensors")})
 
     @property
     def plot(self) -> RunPlots:

@@ -173,6 +173,10 @@ class Capture(RecordSet):
     def _records_step(self) -> bool:
         return self._step % self._options.every == 0
 
+    def _hook_step(self) -> int:
+        """The step a forward pass now belongs to."""
+        return self._step
+
     def _sync_hooks(self) -> None:
         wanted = not self._closed and self._records_step()
         if wanted and not len(self._handles):
@@ -200,8 +204,9 @@ class Capture(RecordSet):
             tensors = [*named_tensors(tuple(args), "in")]
             for key, value in (kwargs or {}).items():
                 tensors.extend(named_tensors(value, f"in.{key}"))
+            step = self._hook_step()
             for name, tensor in tensors:
-                self._offer(target, Kind.INPUT, name, self._step, phase, call, tensor)
+                self._offer(target, Kind.INPUT, name, step, phase, call, tensor)
             self._warn_pending()
 
         return hook
@@ -217,7 +222,7 @@ class Capture(RecordSet):
             key = (target.name, phase)
             call = self._calls.get(key, 0)
             self._calls[key] = call + 1
-            step = self._step
+            step = self._hook_step()
             for name, tensor in named_tensors(output, "out"):
                 if Kind.ACTIVATION in kinds:
                     self._offer(target, Kind.ACTIVATION, name, step, phase, call, tensor)
@@ -336,12 +341,13 @@ class Capture(RecordSet):
         self._failures.warn_pending()
         if self._full_warning_due:
             self._full_warning_due = False
-            warnings.warn(
-                f"layerscope: capture reached max_bytes={self._options.max_bytes}; later "
-                f"values are not kept (capture.skipped counts them; clear() makes room)",
-                LayerscopeWarning,
-                stacklevel=3,
-            )
+            warnings.warn(self._full_message(), LayerscopeWarning, stacklevel=3)
+
+    def _full_message(self) -> str:
+        return (
+            f"layerscope: capture reached max_bytes={self._options.max_bytes}; later "
+            f"values are not kept (capture.skipped counts them; clear() makes room)"
+        )
 
 
 def capture(

@@ -11,8 +11,9 @@ import torch
 from torch import Tensor
 
 from layerscope._imports import require
+from layerscope.tensors._parts import is_parts_directory, read_parts
 from layerscope.tensors._records import METADATA, Record
-from layerscope.tensors._save import read_records, write_records
+from layerscope.tensors._save import INDEX, read_records, write_records
 
 
 class RecordSet:
@@ -103,10 +104,11 @@ class SavedCapture(RecordSet):
 
 
 def load_capture(dir: str | os.PathLike[str], device: str | torch.device = "cpu") -> SavedCapture:
-    """Read a capture that ``Capture.save(dir)`` wrote.
+    """Read a capture that ``Capture.save(dir)`` wrote, or a run's ``tensors`` directory.
 
     Args:
-        dir: the directory.
+        dir: the directory: one ``save()`` wrote, or ``<run>/tensors`` (``<run>/rank-00001/
+            tensors`` for rank 1) where ``watch(tensors=...)`` kept whole tensors.
         device: where the values go.
 
     Returns:
@@ -126,5 +128,12 @@ def load_capture(dir: str | os.PathLike[str], device: str | torch.device = "cpu"
         >>> torch.equal(loaded.records[0].value, cap.records[0].value)
         True
     """
+    if not (Path(dir) / INDEX).exists() and is_parts_directory(_local_fs(), os.fspath(dir)):
+        return SavedCapture(read_parts(_local_fs(), os.fspath(dir), str(device)), {})
     records, info = read_records(dir, device)
     return SavedCapture(records, info)
+
+
+def _local_fs() -> Any:
+    fsspec = require("fsspec", "dataframe")
+    return fsspec.filesystem("file")

@@ -1,0 +1,136 @@
+"""A scope's whole tensors: ``watch(tensors=..., on_tensor=..., workers=...)`` put together.
+
+The capture (``RunTensors``) hooks the chosen modules in the steps that keep tensors; the
+outlet's thread writes each step's batch into the run, or keeps it for a run in memory, and
+offers it to the worker processes that run ``on_tensor``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from layerscope._errors import FailureCounter
+from layerscope._imports import require
+from layerscope._ranks import ProcessRank
+from layerscope.tensors._in_run import RunTensors
+from layerscope.tensors._outlet import TensorOutlet
+from layerscope.tensors._parts import DIRECTORY, read_parts
+from layerscope.tensors._records import Record
+from layerscope.tensors._recordset import SavedCapture
+from layerscope.tensors._spec import TensorsSpec
+
+if TYPE_CHECKING:
+    from layerscope.store import ParquetStore
+    from layerscope.tensors._workers import TensorWorkers
+
+
+class WholeTensors:
+    """What a scope keeps of whole tensors, and the workers it hands them to."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: TensorsSpec,
+        store: ParquetStore | None,
+        place: ProcessRank,
+        failures: FailureCounter,
+        step_now: Callable[[], int],
+        records_statistics: Callable[[int], bool],
+        first_step: int,
+        on_tensor: Callable[[Record, Path | None], object] | None = None,
+        workers: int = 0,
+    ) -> None:
+        self._spec = spec
+        self._place = place
+        self._fs: Any = None
+        self._root = ""
+        if store is not None:
+            fsspec = require("fsspec", "dataframe")  # the store's extra brings it
+            self._fs, root = fsspec.core.url_to_fs(store.path)
+            self._root = root.rstrip("/")
+        self.workers: TensorWorkers | None = None
+        if on_tensor is not None:
+            from layerscope.tensors._workers import TensorWorkers
+
+            self.workers = TensorWorkers(on_tensor, workers, self._local_directory())
+        self._outlet = TensorOutlet(
+            self._write if store is not None else None,
+            spec.keep,
+            None if self.workers is None else self.workers.submit,
+            failures,
+        )
+        try:
+            self._capture = RunTensors(
+                model, spec, self._outlet, step_now, records_statistics, first_step
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def dropped(self) -> int:
+        """Tensors not kept: over ``max_bytes``, or come while earlier steps' were written."""
+        return self._capture.skipped + self._outlet.dropped
+
+    @property
+    def hooks(self) -> int:
+        """Hooks of the capture now on the model."""
+        return self._capture.hooks
+
+    def end_step(self, ended: int, next_step: int) -> None:
+        """Step ``ended`` ended; ``next_step`` begins."""
+        self._capture.end_step(ended, next_step)
+        if self.workers is not None:
+            self.workers.warn_pending()  # the workers' errors, told on the training thread
+
+    def drain(self) -> None:
+        """Wait until what the steps so far kept is written (or kept) and offered."""
+        self._outlet.drain()
+
+    def records(self) -> SavedCapture:
+        """What was kept so far, read back from the run's files or from memory."""
+        self.drain()
+        info = {"tensors": self._spec.to_dict()}
+        if self._fs is None:
+            return SavedCapture(self._outlet.kept(), info)
+        return SavedCapture(read_parts(self._fs, f"{self._rank_place()}/{DIRECTORY}"), info)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Remove the hooks, write what is pending, stop the outlet and the workers."""
+        capture = getattr(self, "_capture", None)
+        if capture is not None:
+            capture.finish()
+        self._outlet.close(timeout)
+        if self.workers is not None:
+            self.workers.close(10.0 if timeout is None else timeout)
+
+    def _write(self, name: str, payload: bytes) -> None:
+        from layerscope.store._files import write_bytes
+
+        path = f"{self._rank_place()}/{name}"
+        self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        write_bytes(self._fs, path, payload)
+
+    def _rank_place(self) -> str:
+        from layerscope.store._layout import rank_directory
+
+        return f"{self._root}/{rank_directory(self._place.rank)}".rstrip("/")
+
+    def _local_directory(self) -> Path | None:
+        """Where callbacks write: this rank's place in the run, if on the local disk."""
+        if self._fs is None or "file" not in _protocols(self._fs):
+            return None
+        from layerscope.store._layout import rank_directory
+
+        # The rank if known by now; a process group made after watch() is not waited for.
+        known = self._place.peek()
+        return Path(self._root) / rank_directory(known[0] if known else 0)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)

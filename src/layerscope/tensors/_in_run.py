@@ -1,0 +1,151 @@
+"""Whole tensors inside ``watch``: a capture whose steps are the scope's.
+
+``RunTensors`` is a ``Capture`` driven by the scope's step clock: its hooks are on the modules
+only in the steps that keep tensors (``tensors=``'s ``every``, or the steps that record
+statistics), records carry the scope's step numbers, and values stay on their device (a copy
+made in the hook, before an in-place op can change the tensor) until the step ends. Then the
+step's records, and the chosen modules' own parameters if asked, go to the ``TensorOutlet``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from layerscope._kinds import Kind
+from layerscope.tensors._capture import Capture
+from layerscope.tensors._outlet import TensorOutlet, to_host
+from layerscope.tensors._records import Record, kept_copy
+from layerscope.tensors._spec import TensorsSpec
+
+
+class RunTensors(Capture):
+    """The whole tensors a watched run keeps; see ``watch(tensors=...)``.
+
+    Args:
+        model: the watched model.
+        spec: what to keep (``tensors=``, checked).
+        outlet: where each step's records go.
+        step_now: the step a forward pass now belongs to (the scope's clock).
+        records_statistics: whether a step records statistics (the scope's schedule).
+        first_step: the scope's first step.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: TensorsSpec,
+        outlet: TensorOutlet,
+        step_now: Callable[[], int],
+        records_statistics: Callable[[int], bool],
+        first_step: int,
+    ) -> None:
+        self._spec = spec
+        self._outlet = outlet
+        self._step_now = step_now
+        self._records_statistics = records_statistics
+        self._pending: list[Record] = []
+        self._parameters: list[tuple[str, str, weakref.ref[nn.Module]]] = []
+        self._scope_step = first_step
+        try:
+            super().__init__(model, spec.options)
+        except ValueError as error:
+            raise ValueError(f"tensors: {error}") from None
+        self._step = first_step
+        for target in self._targets:
+            self._parameters.append((target.name, target.type, target.module))
+        self._sync_hooks()
+
+    # ---------------------------------------------------------------- the scope's side
+
+    def end_step(self, ended: int, next_step: int) -> None:
+        """Step ``ended`` ended: hand its records over, and hook the next step or not."""
+        if self._closed:
+            return
+        if self._spec.weights and self._keeps(ended):
+            self._keep_weights(ended)
+        with self._lock:
+            records, self._pending = self._pending, []
+        self._step = next_step
+        self._calls.clear()
+        self._sync_hooks()
+        if records:
+            self._outlet.put(to_host(records))
+        self._outlet.warn_pending()
+
+    def finish(self) -> None:
+        """The scope closes: hand over what the step in progress kept, remove every hook."""
+        with self._lock:
+            records, self._pending = self._pending, []
+        self.close()
+        if records:
+            self._outlet.put(to_host(records))
+
+    # ---------------------------------------------------------------- Capture's hooks
+
+    def _records_step(self) -> bool:
+        return self._keeps(self._step)
+
+    def _hook_step(self) -> int:
+        return self._step_now()
+
+    def _attach(self) -> None:
+        if self._options.kinds:  # weights alone need no hook: they are read at step end
+            super()._attach()
+
+    def _keep(self, record: Record, value: Tensor) -> None:
+        # A copy on the value's own device: the host copy starts at step end, without a sync.
+        if not self._room_for(value.numel() * value.element_size()):
+            return
+        record.value = kept_copy(value, None)
+        self._bytes += value.numel() * value.element_size()
+        self._pending.append(record)
+
+    def _full_message(self) -> str:
+        return (
+            f"layerscope: tensors= reached max_bytes={self._options.max_bytes}; later whole "
+            f"tensors are not kept (scope.tensors_dropped counts them)"
+        )
+
+    def _keeps(self, step: int) -> bool:
+        return self._spec.keeps(step, self._records_statistics(step))
+
+    def _keep_weights(self, step: int) -> None:
+        for name, type_name, module_ref in self._parameters:
+            module = module_ref()
+            if module is None:
+                continue
+            for parameter_name, parameter in module.named_parameters(recurse=False):
+                value = _local(parameter)
+                record = Record(
+                    module=name,
+                    type=type_name,
+                    kind=Kind.WEIGHT.value,
+                    tensor=parameter_name,
+                    step=step,
+                    phase="train",
+                    call=0,
+                    value=value,
+                )
+                try:
+                    with torch.no_grad():
+                        if self._options.stash_value is not None:
+                            value = self._options.stash_value(value).detach()
+                        with self._lock:
+                            self._keep(record, value)
+                except Exception as error:
+                    self._failures.record(
+                        f"keeping the weight {parameter_name!r} of {name!r}", error
+                    )
+        self._failures.warn_pending()
+        self._warn_pending()
+
+
+def _local(parameter: Tensor) -> Tensor:
+    """A parameter's values on this rank: an FSDP2 shard is its local part."""
+    to_local = getattr(parameter, "to_local", None)
+    value = to_local() if callable(to_local) else parameter
+    return value.detach()

@@ -1,0 +1,236 @@
+"""watch(tensors=...): whole tensors kept in the run, equal to an independent hook's, bounded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import layerscope
+
+pytest.importorskip("safetensors")
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    # In-place ReLU after the chosen layer: its output changes after the hook has run.
+    return nn.Sequential(nn.Linear(5, 7), nn.ReLU(inplace=True), nn.Linear(7, 3))
+
+
+def _train(model: nn.Module, steps: int, scope: layerscope.Scope | None = None) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(6, 5, generator=generator)
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if scope is not None:  # watch() was given no optimizer: steps end at scope.step()
+            scope.step()
+
+
+def _reference(steps: int, every: int) -> dict[tuple[int, str, str], Tensor]:
+    """What an independent forward hook and tensor hook see of layer 0, and its weights."""
+    model = _model()
+    seen: dict[tuple[int, str, str], Tensor] = {}
+    step = 0
+
+    def hook(module: nn.Module, args: object, out: Tensor) -> None:
+        if step % every:
+            return
+        at = step
+        seen[(at, "activation", "out")] = out.detach().clone()
+        out.register_hook(lambda grad: seen.__setitem__((at, "grad", "out"), grad.clone()))
+
+    model[0].register_forward_hook(hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(6, 5, generator=generator)
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % every == 0:
+            seen[(step, "weight", "weight")] = model[0].weight.detach().clone()
+            seen[(step, "weight", "bias")] = model[0].bias.detach().clone()
+        step += 1
+    return seen
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_values_equal_an_independent_hook_at_the_kept_steps(tmp_path: Path, stored: bool) -> None:
+    model = _model()
+    run = tmp_path / "run" if stored else None
+    tensors = {"include": r"^0$", "kinds": ("activation", "grad", "weight"), "every": 3}
+    with layerscope.watch(model, run=run, every=2, tensors=tensors) as scope:
+        _train(model, 7, scope)
+    records = (layerscope.load(run) if run else scope).tensors.records
+    expected = _reference(7, 3)
+    got = {(r.step, r.kind, r.tensor): r for r in records}
+    assert sorted(got) == sorted(expected)
+    for key, value in expected.items():
+        record = got[key]
+        assert torch.equal(record.value, value), key
+        assert record.module == "0"
+        assert record.type == "Linear"
+        assert record.phase == "train"
+        assert record.value.grad_fn is None
+        assert not record.value.requires_grad
+        storage = record.value.untyped_storage().nbytes()
+        assert storage == record.value.numel() * record.value.element_size()
+
+
+def test_the_default_steps_are_those_that_record_statistics(tmp_path: Path) -> None:
+    model = _model()
+    with layerscope.watch(model, run=tmp_path / "run", every=4, tensors=r"^2$") as scope:
+        _train(model, 9, scope)
+    run = layerscope.load(tmp_path / "run")
+    kept = sorted({r.step for r in run.tensors})
+    assert kept == sorted(run.stats.step.unique().tolist()) == [0, 4, 8]
+    assert {(r.kind, r.tensor) for r in run.tensors} == {("activation", "out"), ("grad", "out")}
+    assert run.meta["config"]["tensors"]["include"] == ["^2$"]
+
+
+def test_the_run_files_read_back_as_the_scope_saw_them(tmp_path: Path) -> None:
+    model = _model()
+    with layerscope.watch(model, run=tmp_path / "run", every=1, tensors=r"^0$") as scope:
+        _train(model, 3, scope)
+        live = scope.tensors.records  # while the scope is open: what was written so far
+    loaded = layerscope.load_capture(tmp_path / "run" / "tensors").records
+    assert len(live) == len(loaded) == 6
+    for a, b in zip(live, loaded, strict=True):
+        assert a.metadata() == b.metadata()
+        assert torch.equal(a.value, b.value)
+    assert sorted(p.name for p in (tmp_path / "run" / "tensors").iterdir()) == [
+        f"part-{n:06d}.safetensors" for n in (1, 2, 3)
+    ]
+
+
+def test_training_is_bit_identical_with_and_without_tensors() -> None:
+    plain, watched = _model(), _model()
+    _train(plain, 5)
+    with layerscope.watch(watched, every=1, tensors={"include": ".", "kinds": "activation"}):
+        _train(watched, 5)
+    for a, b in zip(plain.parameters(), watched.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_hooks_come_off_between_kept_steps_and_at_close() -> None:
+    model = _model()
+    layer = model[0]
+    tensors = {"include": "^0$", "every": 2}
+    scope = layerscope.watch(model, every=1, capture=("weight",), tensors=tensors)
+
+    def capture_hooks() -> int:
+        hooks = layer._forward_hooks.values()
+        return sum("Capture" in hook.__qualname__ for hook in hooks)
+
+    counts = [capture_hooks()]
+    for _ in range(2):
+        _train(model, 1, scope)
+        counts.append(capture_hooks())
+    assert counts == [1, 0, 1]  # steps 0 and 2 keep tensors, step 1 does not
+    _train(model, 1, scope)
+    scope.close()
+    assert len(layer._forward_hooks) == 0
+    assert len(layer._forward_pre_hooks) == 0
+    assert {r.step for r in scope.tensors} == {0, 2}
+
+
+def test_max_bytes_bounds_what_is_kept_over_many_steps() -> None:
+    model = _model()
+    one_step = 2 * 6 * 7 * 4  # an activation and a gradient of (6, 7) float32
+    tensors = {"include": "^0$", "every": 1, "max_bytes": 10 * one_step}
+    warns = pytest.warns(layerscope.LayerscopeWarning, match="max_bytes")
+    with warns, layerscope.watch(model, every=1000, tensors=tensors) as scope:
+        _train(model, 1000, scope)
+    kept = scope.tensors.records
+    assert sum(r.value.numel() * r.value.element_size() for r in kept) <= 10 * one_step
+    assert {r.step for r in kept} == set(range(10))
+    assert scope.tensors_dropped == 2 * 990
+
+
+def test_evaluation_after_a_step_is_kept_under_that_step() -> None:
+    model = _model()
+    with layerscope.watch(
+        model, every=1, tensors={"include": "^0$", "kinds": "activation"}
+    ) as scope:
+        _train(model, 2, scope)
+        model.eval()
+        with torch.no_grad():
+            model(torch.ones(2, 5))
+        model.train()
+        _train(model, 1, scope)
+    evals = [r for r in scope.tensors if r.phase == "eval"]
+    assert [(r.step, tuple(r.value.shape)) for r in evals] == [(1, (2, 7))]
+
+
+def test_stash_value_maps_each_tensor_first() -> None:
+    model = _model()
+    tensors = {"include": "^0$", "kinds": "activation", "stash_value": lambda t: t.std(dim=0)}
+    with layerscope.watch(model, every=1, tensors=tensors) as scope:
+        _train(model, 2, scope)
+    assert [tuple(r.value.shape) for r in scope.tensors] == [(7,), (7,)]
+
+
+@pytest.mark.parametrize(
+    ("tensors", "error", "message"),
+    [
+        (3, TypeError, "tensors: expected a regex"),
+        ({"include": "0", "colour": 1}, ValueError, "unknown key 'colour'"),
+        ({"kinds": "activation"}, ValueError, "name the modules"),
+        ({"include": "0", "kinds": "update"}, ValueError, "kinds: unknown kind 'update'"),
+        ({"include": "0", "every": 0}, ValueError, "every: expected an int >= 1"),
+        ({"include": "0", "keep": "yes"}, TypeError, "keep: expected True or False"),
+        ({"include": "(", "kinds": "activation"}, ValueError, "tensors: include"),
+        ({"include": "^nothing$"}, ValueError, "tensors: include/exclude/types"),
+    ],
+)
+def test_bad_tensors_arguments_name_what_is_wrong(
+    tensors: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        layerscope.watch(_model(), tensors=tensors)  # type: ignore[arg-type]
+
+
+def test_on_tensor_needs_tensors() -> None:
+    with pytest.raises(ValueError, match="on_tensor: needs tensors="):
+        layerscope.watch(_model(), on_tensor=print)
+
+
+def test_on_tensor_renders_what_the_run_keeps_in_a_worker(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    from layerscope.tensors import HeatMap
+
+    model = _model()
+    run = tmp_path / "run"
+    tensors = {"include": "^0$", "kinds": "weight"}
+    scope = layerscope.watch(model, run=run, every=1, tensors=tensors, on_tensor=HeatMap())
+    workers = scope._whole.workers  # type: ignore[union-attr]
+    assert workers is not None
+    pids = workers.pids()
+    _train(model, 3, scope)
+    scope.close()  # waits for the worker to draw what it was given
+    drawn = sorted((run / "renders" / "heatmap").rglob("*.png"))
+    given = 2 * 3 - scope.on_tensor_dropped  # weight and bias of 3 steps
+    assert len(drawn) == workers.processed == given >= 1
+    with Image.open(drawn[0]) as image:
+        assert image.size[0] > 100
+    assert len(layerscope.load(run).tensors) == 6  # kept in the run all the same
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            _alive(pid)
+
+
+def _alive(pid: int) -> None:
+    """Raise ProcessLookupError unless ``pid`` is a live (not zombie) process."""
+    import os
+
+    os.kill(pid, 0)
+    status = Path(f"/proc/{pid}/status")
+    if status.exists() and "zombie" in status.read_text():
+        raise ProcessLookupError(pid)
