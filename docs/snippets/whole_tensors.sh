@@ -1,0 +1,1 @@
+python examples/whole_tensors.py
