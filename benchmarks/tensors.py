@@ -110,6 +110,52 @@ def variants(directory: str) -> list[Variant]:
     ]
 
 
+def animations(directory: str) -> list[tuple[str, float, int]]:
+    """Seconds and bytes of 200-frame animations of whole tensors (a SavedCapture)."""
+    from layerscope.tensors import Record, SavedCapture
+
+    generator = torch.Generator().manual_seed(0)
+    records = []
+    for step in range(200):
+        for module, shape in (("heat", (64, 256)), ("pca", (256, 64))):
+            value = torch.randn(shape, generator=generator) * (1 + step / 100)
+            records.append(
+                Record(
+                    module=module,
+                    type="Linear",
+                    kind="activation",
+                    tensor="out",
+                    step=step,
+                    phase="train",
+                    call=0,
+                    value=value,
+                )
+            )
+    saved = SavedCapture(records, {})
+    rows = []
+    for what, module, suffix in (
+        ("heatmap", "heat", "gif"),
+        ("heatmap", "heat", "mp4"),
+        ("pca", "pca", "gif"),
+        ("pca", "pca", "mp4"),
+    ):
+        path = Path(directory, f"{what}.{suffix}")
+        start = time.perf_counter()
+        try:
+            layerscope.animate(saved, module, what=what, path=path)
+        except RuntimeError as error:  # no ffmpeg here
+            print(f"{what} {suffix}: {error}")
+            continue
+        rows.append(
+            (
+                f"`animate(..., what={what!r})` to .{suffix}",
+                time.perf_counter() - start,
+                path.stat().st_size,
+            )
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
@@ -136,6 +182,9 @@ def main() -> None:
                 variant.watcher.close()
         submitted, dropped, processed = pool.submitted, pool.dropped, pool.processed
         print(f"on_tensor: {submitted} taken, {dropped} dropped, {processed} processed")
+        animated = animations(directory)
+        for name, seconds, size in animated:
+            print(f"{name:60s} {seconds:6.2f} s  {size / 1e6:6.1f} MB")
     if args.write:
         from report import command, machine, replace_section
 
@@ -148,7 +197,14 @@ def main() -> None:
             f"hook; in `watch` the copies go to the host, to disk and to the workers on a "
             f"thread of their own.\n\n" + "\n".join(lines) + "\n\n"
             f"With the slow callback the pool took {submitted} tensors and dropped "
-            f"{dropped}; it processed {processed} before closing."
+            f"{dropped}; it processed {processed} before closing.\n\n"
+            "Animations of whole tensors, 200 frames of 512 x 288 pixels each: a heat map of a "
+            "64 x 256 activation, and a PCA of 256 samples by 64 features.\n\n"
+            "| animation | time | size |\n|---|---|---|\n"
+            + "\n".join(
+                f"| {name} | {seconds:.2f} s | {size / 1e6:.1f} MB |"
+                for name, seconds, size in animated
+            )
         )
         replace_section("Whole tensors (CPU)", body)
 
