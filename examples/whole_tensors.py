@@ -52,8 +52,8 @@ def main() -> None:
     renders = sorted((run / "renders" / "heatmap").rglob("*.png"))
     print(
         f"the worker drew {len(renders)} heat maps, e.g. {renders[0].relative_to(run)}; "
-        f"{scope.on_tensor_dropped} tensors came while it was starting or busy and were "
-        f"dropped: training never waits for it"
+        f"{scope.on_tensor_dropped} it had no time for were dropped: training never waits "
+        f"for it"
     )
 
     weight = layerscope.animate(run, "0", "weight", what="heatmap", tensor="weight")

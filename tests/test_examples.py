@@ -60,7 +60,7 @@ def test_whole_tensors_example_keeps_renders_and_animates(tmp_path):
     out = run_example("whole_tensors.py", "--out", tmp_path / "whole", cwd=tmp_path)
     assert "the run kept 48 whole tensors" in out  # 12 kept steps: 2 activations, 2 weights
     assert "whole tensors not kept: 0" in out
-    drawn = re.search(r"the worker drew (\d+) heat maps.*; (\d+) tensors came while", out)
+    drawn = re.search(r"the worker drew (\d+) heat maps.*; (\d+) it had no time for", out)
     assert drawn is not None
     assert int(drawn.group(1)) + int(drawn.group(2)) == 48
     animations = tmp_path / "whole" / "run" / "animations"

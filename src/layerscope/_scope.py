@@ -327,9 +327,13 @@ class Scope:
 
     @property
     def on_tensor_dropped(self) -> int:
-        """Tensors ``on_tensor`` did not get: its workers were busy (or it was turned off)."""
+        """Tensors ``on_tensor`` never finished with.
+
+        Its workers were busy when they came, still had them when the scope closed (it waits
+        10 s for them), or were turned off.
+        """
         workers = None if self._whole is None else self._whole.workers
-        return 0 if workers is None else workers.dropped
+        return 0 if workers is None else workers.dropped + workers.abandoned
 
     def _catch_up(self) -> None:
         """Before reading what was recorded: warn of failures, write every step so far."""

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from layerscope.store import ParquetStore
     from layerscope.tensors._workers import TensorWorkers
 
+# What may wait for the workers: enough for the seconds a spawned worker takes to start,
+# bounded in bytes for big tensors.
+QUEUE_RECORDS = 64
+QUEUE_BYTES = 256 << 20
+
 
 class WholeTensors:
     """What a scope keeps of whole tensors, and the workers it hands them to."""
@@ -56,7 +61,13 @@ class WholeTensors:
         if on_tensor is not None:
             from layerscope.tensors._workers import TensorWorkers
 
-            self.workers = TensorWorkers(on_tensor, workers, self._local_directory())
+            self.workers = TensorWorkers(
+                on_tensor,
+                workers,
+                self._local_directory(),
+                queue_size=QUEUE_RECORDS,
+                queue_bytes=QUEUE_BYTES,
+            )
         self._outlet = TensorOutlet(
             self._write if store is not None else None,
             spec.keep,

@@ -202,6 +202,20 @@ def test_a_full_queue_drops_and_submit_never_waits(tmp_path):
     assert not _alive(pid)
 
 
+def test_queue_bytes_bounds_what_waits_and_one_big_record_still_fits(tmp_path):
+    callback = functools.partial(note_after_sleep, out=tmp_path, seconds=0.5)
+    pool = TensorWorkers(callback, 1, None, queue_size=100, queue_bytes=1000)
+    try:
+        # The worker is still starting (spawn imports torch): nothing leaves the queue.
+        big = pool.submit(_record(0, torch.ones(2000)))  # 8,000 bytes into an empty queue
+        assert big
+        assert not pool.submit(_record(1, torch.ones(10)))  # 40 more bytes: over 1,000
+        assert (pool.submitted, pool.dropped) == (1, 1)
+    finally:
+        pool.close(timeout=30)
+    assert pool.processed == 1
+
+
 def test_a_worker_killed_while_idle_is_replaced_and_the_others_go_on(tmp_path):
     # A shared multiprocessing.Queue would stall here: the killed worker held its read lock.
     callback = functools.partial(note_after_sleep, out=tmp_path, seconds=0.05)

@@ -32,6 +32,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -186,6 +187,8 @@ class TensorWorkers:
             for a run in memory.
         queue_size: how many records wait for a worker at most (default ``2 * workers``).
         start_method: the ``multiprocessing`` start method.
+        queue_bytes: how many bytes of values wait at most (None: no bound but the count);
+            one record is always taken into an empty queue, however big.
     """
 
     def __init__(
@@ -195,6 +198,7 @@ class TensorWorkers:
         directory: Path | None,
         queue_size: int | None = None,
         start_method: str = "spawn",
+        queue_bytes: int | None = None,
     ) -> None:
         if not callable(fn):
             raise TypeError(
@@ -211,9 +215,15 @@ class TensorWorkers:
         self._fn_bytes = _pickled(fn)
         self._name = _callback_name(fn)
         self._directory = None if directory is None else Path(directory)
+        if queue_bytes is not None and (
+            isinstance(queue_bytes, bool) or not isinstance(queue_bytes, int) or queue_bytes < 1
+        ):
+            raise ValueError(f"queue_bytes: expected an int >= 1 or None, got {queue_bytes!r}")
         self._queue_size = size
+        self._queue_bytes = queue_bytes
         self._lock = threading.Lock()
         self._pending: deque[Record] = deque()
+        self._pending_bytes = 0
         self._workers: list[_Worker] = []
         self._accepting = True  # False once closing or off
         self._closing = False
@@ -294,11 +304,18 @@ class TensorWorkers:
             pool is closed or off.
         """
         with self._lock:
-            if not self._accepting or len(self._pending) >= self._queue_size:
+            size = _value_bytes(record)
+            over_bytes = (
+                self._queue_bytes is not None
+                and self._pending  # one record always fits, however big
+                and self._pending_bytes + size > self._queue_bytes
+            )
+            if not self._accepting or len(self._pending) >= self._queue_size or over_bytes:
                 self._dropped += 1
                 return False
             was_empty = not self._pending
             self._pending.append(record)
+            self._pending_bytes += size
             self._submitted += 1
             # A monitor with records already queued is waiting for a worker to finish,
             # which wakes it too.
@@ -348,6 +365,7 @@ class TensorWorkers:
         with self._lock:
             self._abandoned += len(self._pending) + sum(w.holding is not None for w in left)
             self._pending.clear()
+            self._pending_bytes = 0
             self._workers.clear()
             clean = finished and not self._off and not left
             self._closed = clean
@@ -383,6 +401,9 @@ class TensorWorkers:
         # The child inherits this thread's signal mask across fork and exec: SIGINT stays
         # blocked until the worker ignores it, so Ctrl-C while it starts does not reach it.
         blocked = hasattr(signal, "pthread_sigmask")
+        if blocked and self._context.get_start_method() != "fork":
+            # Its first start unblocks SIGINT in this thread as it ends: start it before.
+            resource_tracker.ensure_running()
         if blocked:
             previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
@@ -430,6 +451,7 @@ class TensorWorkers:
                         continue
                     if self._pending:
                         taken = self._pending.popleft()
+                        self._pending_bytes -= _value_bytes(taken)
                         worker.holding = repr(taken)
                         sends.append((worker, taken))
                     elif self._closing:
@@ -598,6 +620,7 @@ class TensorWorkers:
         self._accepting = False
         self._abandoned += len(self._pending) + sum(w.holding is not None for w in self._workers)
         self._pending.clear()
+        self._pending_bytes = 0
         for worker in self._workers:
             worker.holding = None
             worker.stopping = True
@@ -621,6 +644,11 @@ class TensorWorkers:
                     worker.process.kill()
                     worker.process.join()
                 worker.process.close()
+
+
+def _value_bytes(record: Record) -> int:
+    value = record.value
+    return value.numel() * value.element_size() if isinstance(value, Tensor) else 0
 
 
 def _exit_description(code: int | None) -> str:
