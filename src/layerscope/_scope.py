@@ -175,6 +175,7 @@ class Scope:
                     self._place,
                     self._failures,
                     step_now=lambda: self._clock.pass_step,
+                    training_now=lambda: self._clock.training,
                     records_statistics=config.schedule.records,
                     first_step=config.start_step,
                     on_tensor=on_tensor,
@@ -430,7 +431,10 @@ class Scope:
         self._layers.step_ended()
         ended = clock.end_step()
         if self._whole is not None:
-            self._whole.end_step(ended, clock.step)
+            try:
+                self._whole.end_step(ended, clock.step)
+            except Exception as error:
+                self._fail("keeping whole tensors", error)
         self._layers.sync()
         self._parameters.step_ended()
         self._failures.warn_pending()

@@ -44,6 +44,7 @@ class WholeTensors:
         place: ProcessRank,
         failures: FailureCounter,
         step_now: Callable[[], int],
+        training_now: Callable[[], bool],
         records_statistics: Callable[[int], bool],
         first_step: int,
         on_tensor: Callable[[Record, Path | None], object] | None = None,
@@ -76,7 +77,14 @@ class WholeTensors:
         )
         try:
             self._capture = RunTensors(
-                model, spec, self._outlet, step_now, records_statistics, first_step
+                model,
+                spec,
+                self._outlet,
+                step_now,
+                training_now,
+                records_statistics,
+                first_step,
+                failures,
             )
         except BaseException:
             self.close()

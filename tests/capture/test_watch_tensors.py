@@ -120,7 +120,7 @@ def test_training_is_bit_identical_with_and_without_tensors() -> None:
 def test_hooks_come_off_between_kept_steps_and_at_close() -> None:
     model = _model()
     layer = model[0]
-    tensors = {"include": "^0$", "every": 2}
+    tensors = {"include": "^0$", "every": 3}
     scope = layerscope.watch(model, every=1, capture=("weight",), tensors=tensors)
 
     def capture_hooks() -> int:
@@ -128,15 +128,17 @@ def test_hooks_come_off_between_kept_steps_and_at_close() -> None:
         return sum("Capture" in hook.__qualname__ for hook in hooks)
 
     counts = [capture_hooks()]
-    for _ in range(2):
+    for _ in range(3):
         _train(model, 1, scope)
         counts.append(capture_hooks())
-    assert counts == [1, 0, 1]  # steps 0 and 2 keep tensors, step 1 does not
+    # Step 0 keeps; the hooks stay through step 1, where step 0's evaluation may come; off in
+    # step 2; on again for step 3.
+    assert counts == [1, 1, 0, 1]
     _train(model, 1, scope)
     scope.close()
     assert len(layer._forward_hooks) == 0
     assert len(layer._forward_pre_hooks) == 0
-    assert {r.step for r in scope.tensors} == {0, 2}
+    assert {r.step for r in scope.tensors} == {0, 3}
 
 
 def test_max_bytes_bounds_what_is_kept_over_many_steps() -> None:
@@ -234,3 +236,97 @@ def _alive(pid: int) -> None:
     status = Path(f"/proc/{pid}/status")
     if status.exists() and "zombie" in status.read_text():
         raise ProcessLookupError(pid)
+
+
+def _evaluate(model: nn.Module) -> None:
+    model.eval()
+    with torch.no_grad():
+        model(torch.ones(2, 5))
+    model.train()
+
+
+def test_the_evaluation_of_a_kept_step_is_kept_and_no_other() -> None:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tensors = {"include": "^0$", "kinds": "activation", "every": 2}
+    with layerscope.watch(model, optimizer, every=1, tensors=tensors) as scope:
+        for _ in range(5):
+            model(torch.randn(6, 5)).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            _evaluate(model)  # after the step: it belongs to the step that just ended
+        _evaluate(model)  # a second one in the same place: its call is 1
+        model(torch.randn(6, 5)).pow(2).mean().backward()
+        _evaluate(model)  # in the middle of step 5: call 0 of step 5, not kept (5 is odd)
+    kept = [(r.step, r.phase, r.call) for r in scope.tensors]
+    assert kept == [
+        (0, "train", 0),
+        (0, "eval", 0),
+        (2, "train", 0),
+        (2, "eval", 0),
+        (4, "train", 0),
+        (4, "eval", 0),
+        (4, "eval", 1),
+    ]
+
+
+def test_a_failure_at_the_end_of_a_step_is_counted_and_training_goes_on() -> None:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    # A value on the meta device cannot be copied to the host: the step's end fails.
+    tensors = {"include": "^0$", "kinds": "activation", "stash_value": lambda t: t.to("meta")}
+    warns = pytest.warns(layerscope.LayerscopeWarning, match="whole tensors")
+    with warns, layerscope.watch(model, optimizer, every=1, tensors=tensors) as scope:
+        for _ in range(3):
+            model(torch.randn(6, 5)).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert scope.current_step == 3
+    assert scope.failures == 3
+    assert scope.tensors_dropped == 3
+    assert "skipped" not in set(scope.frame("scalars").name)
+
+
+def test_a_failing_stash_value_is_one_of_the_scope_s_failures() -> None:
+    model = _model()
+
+    def broken(tensor: Tensor) -> Tensor:
+        raise RuntimeError("no")
+
+    tensors = {"include": "^0$", "stash_value": broken}
+    warns = pytest.warns(layerscope.LayerscopeWarning, match="no")
+    with warns, layerscope.watch(model, every=1, tensors=tensors) as scope:
+        _train(model, 2, scope)
+    assert scope.failures == 4  # an activation and a gradient a step
+    assert len(scope.tensors) == 0
+
+
+def test_a_reentrant_checkpointed_forward_is_a_training_pass() -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.Sequential(nn.Linear(5, 7), nn.ReLU())
+            self.head = nn.Linear(7, 1)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.head(checkpoint(self.block, x, use_reentrant=True))
+
+    model = Checkpointed()
+    tensors = {"include": r"^block\.0$", "kinds": "activation"}
+    with layerscope.watch(model, every=1, tensors=tensors) as scope:
+        x = torch.randn(6, 5, requires_grad=True)
+        model(x).sum().backward()
+        scope.step()
+    assert [(r.step, r.phase, r.call) for r in scope.tensors] == [(0, "train", 0)]
+
+
+def test_load_capture_reads_a_run_s_tensors_at_an_fsspec_url() -> None:
+    model = _model()
+    url = "memory://layerscope-tests/tensors-url"
+    with layerscope.watch(model, run=url, every=1, tensors="^0$") as scope:
+        _train(model, 2, scope)
+    loaded = layerscope.load_capture(f"{url}/tensors")
+    assert [(r.step, r.kind) for r in loaded] == [(r.step, r.kind) for r in scope.tensors]
+    assert len(loaded) == 4

@@ -70,7 +70,7 @@ class Capture(RecordSet):
         self._lock = threading.Lock()
         self._failures = FailureCounter()
         self._step = 0
-        self._calls: dict[tuple[str, str], int] = {}
+        self._calls: dict[tuple[str, str, int], int] = {}  # (module, phase, step): calls
         self._reduced: dict[tuple[str, str, str], Record] = {}
         self._bytes = 0
         self._skipped = 0
@@ -200,11 +200,11 @@ class Capture(RecordSet):
             if self._closed or module is not target.module() or in_backward():
                 return
             phase = self._phase()
-            call = self._calls.get((target.name, phase), 0)  # the output hook counts it
+            step = self._hook_step()
+            call = self._calls.get((target.name, phase, step), 0)  # the output hook counts it
             tensors = [*named_tensors(tuple(args), "in")]
             for key, value in (kwargs or {}).items():
                 tensors.extend(named_tensors(value, f"in.{key}"))
-            step = self._hook_step()
             for name, tensor in tensors:
                 self._offer(target, Kind.INPUT, name, step, phase, call, tensor)
             self._warn_pending()
@@ -219,10 +219,10 @@ class Capture(RecordSet):
             if self._closed or module is not target.module() or in_backward():
                 return
             phase = self._phase()
-            key = (target.name, phase)
+            step = self._hook_step()
+            key = (target.name, phase, step)
             call = self._calls.get(key, 0)
             self._calls[key] = call + 1
-            step = self._hook_step()
             for name, tensor in named_tensors(output, "out"):
                 if Kind.ACTIVATION in kinds:
                     self._offer(target, Kind.ACTIVATION, name, step, phase, call, tensor)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from layerscope._errors import FailureCounter
 from layerscope._kinds import Kind
 from layerscope.tensors._capture import Capture
 from layerscope.tensors._outlet import TensorOutlet, to_host
@@ -30,8 +32,11 @@ class RunTensors(Capture):
         spec: what to keep (``tensors=``, checked).
         outlet: where each step's records go.
         step_now: the step a forward pass now belongs to (the scope's clock).
+        training_now: whether the pass in progress is a training pass (the scope's clock: a
+            checkpointed forward under ``no_grad`` is still training).
         records_statistics: whether a step records statistics (the scope's schedule).
         first_step: the scope's first step.
+        failures: the scope's counter of monitoring failures.
     """
 
     def __init__(
@@ -40,12 +45,16 @@ class RunTensors(Capture):
         spec: TensorsSpec,
         outlet: TensorOutlet,
         step_now: Callable[[], int],
+        training_now: Callable[[], bool],
         records_statistics: Callable[[int], bool],
         first_step: int,
+        failures: FailureCounter,
     ) -> None:
         self._spec = spec
         self._outlet = outlet
         self._step_now = step_now
+        self._training_now = training_now
+        self._ended: int | None = None  # the last step that ended: its evaluation may come
         self._records_statistics = records_statistics
         self._pending: list[Record] = []
         self._parameters: list[tuple[str, str, weakref.ref[nn.Module]]] = []
@@ -55,6 +64,7 @@ class RunTensors(Capture):
         except ValueError as error:
             raise ValueError(f"tensors: {error}") from None
         self._step = first_step
+        self._failures = failures  # the scope's: one count of what monitoring skipped
         for target in self._targets:
             self._parameters.append((target.name, target.type, target.module))
         self._sync_hooks()
@@ -65,15 +75,21 @@ class RunTensors(Capture):
         """Step ``ended`` ended: hand its records over, and hook the next step or not."""
         if self._closed:
             return
-        if self._spec.weights and self._keeps(ended):
-            self._keep_weights(ended)
-        with self._lock:
-            records, self._pending = self._pending, []
-        self._step = next_step
-        self._calls.clear()
-        self._sync_hooks()
+        try:
+            if self._spec.weights and self._keeps(ended):
+                self._keep_weights(ended)
+        finally:
+            with self._lock:
+                records, self._pending = self._pending, []
+            self._step, self._ended = next_step, ended
+            self._calls.clear()
+            self._sync_hooks()
         if records:
-            self._outlet.put(to_host(records))
+            try:
+                self._outlet.put(to_host(records))
+            except Exception as error:
+                self._failures.record("copying whole tensors to the host", error)
+                self._outlet.count_dropped(len(records))
         self._outlet.warn_pending()
 
     def finish(self) -> None:
@@ -87,7 +103,25 @@ class RunTensors(Capture):
     # ---------------------------------------------------------------- Capture's hooks
 
     def _records_step(self) -> bool:
-        return self._keeps(self._step)
+        # Also while the step that just ended keeps: its evaluation comes before the next pass.
+        ended = self._ended
+        return self._keeps(self._step) or (ended is not None and self._keeps(ended))
+
+    def _phase(self) -> str:
+        return "train" if self._training_now() else "eval"
+
+    def _offer(
+        self,
+        target: Any,
+        kind: Kind,
+        name: str,
+        step: int,
+        phase: str,
+        call: int,
+        tensor: Tensor,
+    ) -> None:
+        if self._keeps(step):  # hooks stay on a step longer than it may keep
+            super()._offer(target, kind, name, step, phase, call, tensor)
 
     def _hook_step(self) -> int:
         return self._step_now()
@@ -98,7 +132,8 @@ class RunTensors(Capture):
 
     def _keep(self, record: Record, value: Tensor) -> None:
         # A copy on the value's own device: the host copy starts at step end, without a sync.
-        if not self._room_for(value.numel() * value.element_size()):
+        # max_bytes bounds what is kept; tensors only handed to on_tensor keep nothing.
+        if self._spec.keep and not self._room_for(value.numel() * value.element_size()):
             return
         record.value = kept_copy(value, None)
         self._bytes += value.numel() * value.element_size()

@@ -122,6 +122,10 @@ class TensorOutlet:
             self._counts.dropped += len(batch.records)
             self._drop_warning_due = not self._dropped_warned
 
+    def count_dropped(self, records: int) -> None:
+        """Count records lost before they reached the outlet (a copy that failed)."""
+        self._counts.dropped += records
+
     def warn_pending(self) -> None:
         """Warn once, on the training thread, that tensors were dropped."""
         if self._drop_warning_due and not self._dropped_warned:
@@ -143,7 +147,10 @@ class TensorOutlet:
         """Finish the batches handed over, then stop; True if the thread ended in time."""
         if not self._closed:
             self._closed = True
-            self._queue.put(None)  # after the batches: a blocking put, the thread takes them
+            try:  # after the batches; a thread stuck in a write must not hold close for good
+                self._queue.put(None, timeout=timeout)
+            except queue.Full:
+                return False
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
@@ -156,6 +163,7 @@ class TensorOutlet:
                 self._handle(batch)
             except Exception as error:  # monitoring never breaks training
                 self._failures.record("writing whole tensors", error)
+                self._counts.dropped += 0 if batch is None else len(batch.records)
             finally:
                 self._queue.task_done()
 

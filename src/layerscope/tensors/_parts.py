@@ -55,7 +55,8 @@ def read_parts(fs: Any, directory: str, device: str = "cpu") -> list[Record]:
         names = [path.rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(directory, detail=False)]
     except FileNotFoundError:
         return []
-    parts = sorted(name for name in names if _PART.match(name))
+    numbered = [(int(match.group(1)), name) for name in names if (match := _PART.match(name))]
+    parts = [name for _, name in sorted(numbered)]
     records = []
     for name in parts:
         with fs.open(f"{directory}/{name}", "rb") as file:

@@ -128,12 +128,10 @@ def load_capture(dir: str | os.PathLike[str], device: str | torch.device = "cpu"
         >>> torch.equal(loaded.records[0].value, cap.records[0].value)
         True
     """
-    if not (Path(dir) / INDEX).exists() and is_parts_directory(_local_fs(), os.fspath(dir)):
-        return SavedCapture(read_parts(_local_fs(), os.fspath(dir), str(device)), {})
+    if not (Path(dir) / INDEX).exists():  # a run's tensors, maybe at an fsspec URL
+        fsspec = require("fsspec", "dataframe")
+        fs, root = fsspec.core.url_to_fs(os.fspath(dir))
+        if is_parts_directory(fs, root.rstrip("/")):
+            return SavedCapture(read_parts(fs, root.rstrip("/"), str(device)), {})
     records, info = read_records(dir, device)
     return SavedCapture(records, info)
-
-
-def _local_fs() -> Any:
-    fsspec = require("fsspec", "dataframe")
-    return fsspec.filesystem("file")
