@@ -173,6 +173,10 @@ class Capture(RecordSet):
     def _records_step(self) -> bool:
         return self._step % self._options.every == 0
 
+    def _keeps_value_of(self, step: int) -> bool:
+        """Whether values of ``step`` are kept (the hooks are on only in such steps here)."""
+        return True
+
     def _hook_step(self) -> int:
         """The step a forward pass now belongs to."""
         return self._step
@@ -267,6 +271,8 @@ class Capture(RecordSet):
         tensor: Tensor,
     ) -> None:
         """Keep ``tensor`` if the condition says so; a failure is counted, never raised."""
+        if not self._keeps_value_of(step):
+            return
         options = self._options
         try:
             with torch.no_grad():

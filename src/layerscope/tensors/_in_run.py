@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -110,18 +109,8 @@ class RunTensors(Capture):
     def _phase(self) -> str:
         return "train" if self._training_now() else "eval"
 
-    def _offer(
-        self,
-        target: Any,
-        kind: Kind,
-        name: str,
-        step: int,
-        phase: str,
-        call: int,
-        tensor: Tensor,
-    ) -> None:
-        if self._keeps(step):  # hooks stay on a step longer than it may keep
-            super()._offer(target, kind, name, step, phase, call, tensor)
+    def _keeps_value_of(self, step: int) -> bool:
+        return self._keeps(step)  # hooks stay on a step longer than it may keep
 
     def _hook_step(self) -> int:
         return self._step_now()
