@@ -29,7 +29,7 @@ import layerscope
 sys.path.insert(0, str(Path(__file__).parent))
 
 STEPS = 50
-ROUNDS = 9
+ROUNDS = 25
 SLOW_SECONDS = 0.05
 
 
