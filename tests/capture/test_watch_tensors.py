@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -323,10 +324,15 @@ def test_a_reentrant_checkpointed_forward_is_a_training_pass() -> None:
 
 
 def test_load_capture_reads_a_run_s_tensors_at_an_fsspec_url() -> None:
+    fsspec = pytest.importorskip("fsspec")
     model = _model()
-    url = "memory://layerscope-tests/tensors-url"
-    with layerscope.watch(model, run=url, every=1, tensors="^0$") as scope:
-        _train(model, 2, scope)
-    loaded = layerscope.load_capture(f"{url}/tensors")
-    assert [(r.step, r.kind) for r in loaded] == [(r.step, r.kind) for r in scope.tensors]
-    assert len(loaded) == 4
+    root = f"layerscope-tensors-{uuid.uuid4().hex}"  # the memory filesystem is the process's
+    url = f"memory://{root}/run"
+    try:
+        with layerscope.watch(model, run=url, every=1, tensors="^0$") as scope:
+            _train(model, 2, scope)
+        loaded = layerscope.load_capture(f"{url}/tensors")
+        assert [(r.step, r.kind) for r in loaded] == [(r.step, r.kind) for r in scope.tensors]
+        assert len(loaded) == 4
+    finally:
+        fsspec.filesystem("memory").rm(f"/{root}", recursive=True)
