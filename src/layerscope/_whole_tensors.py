@@ -95,11 +95,6 @@ class WholeTensors:
         """Tensors not kept: over ``max_bytes``, or come while earlier steps' were written."""
         return self._capture.skipped + self._outlet.dropped
 
-    @property
-    def hooks(self) -> int:
-        """Hooks of the capture now on the model."""
-        return self._capture.hooks
-
     def end_step(self, ended: int, next_step: int) -> None:
         """Step ``ended`` ended; ``next_step`` begins."""
         self._capture.end_step(ended, next_step)

@@ -20,7 +20,9 @@ def _model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(5, 7), nn.ReLU(inplace=True), nn.Linear(7, 3))
 
 
-def _train(model: nn.Module, steps: int, scope: layerscope.Scope | None = None) -> None:
+def _train(
+    model: nn.Module, steps: int, scope: layerscope.Scope | _Reference | None = None
+) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(1)
     for _ in range(steps):
@@ -32,32 +34,34 @@ def _train(model: nn.Module, steps: int, scope: layerscope.Scope | None = None) 
             scope.step()
 
 
-def _reference(steps: int, every: int) -> dict[tuple[int, str, str], Tensor]:
+class _Reference:
     """What an independent forward hook and tensor hook see of layer 0, and its weights."""
-    model = _model()
-    seen: dict[tuple[int, str, str], Tensor] = {}
-    step = 0
 
-    def hook(module: nn.Module, args: object, out: Tensor) -> None:
-        if step % every:
+    def __init__(self, layer: nn.Module, every: int) -> None:
+        self.layer, self.every = layer, every
+        self.at = 0
+        self.seen: dict[tuple[int, str, str], Tensor] = {}
+        layer.register_forward_hook(self._hook)
+
+    def _hook(self, module: nn.Module, args: object, out: Tensor) -> None:
+        if self.at % self.every:
             return
-        at = step
+        at, seen = self.at, self.seen
         seen[(at, "activation", "out")] = out.detach().clone()
         out.register_hook(lambda grad: seen.__setitem__((at, "grad", "out"), grad.clone()))
 
-    model[0].register_forward_hook(hook)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    generator = torch.Generator().manual_seed(1)
-    for _ in range(steps):
-        x = torch.randn(6, 5, generator=generator)
-        model(x).pow(2).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if step % every == 0:
-            seen[(step, "weight", "weight")] = model[0].weight.detach().clone()
-            seen[(step, "weight", "bias")] = model[0].bias.detach().clone()
-        step += 1
-    return seen
+    def step(self) -> None:
+        if self.at % self.every == 0:
+            self.seen[(self.at, "weight", "weight")] = self.layer.weight.detach().clone()
+            self.seen[(self.at, "weight", "bias")] = self.layer.bias.detach().clone()
+        self.at += 1
+
+
+def _reference(steps: int, every: int) -> dict[tuple[int, str, str], Tensor]:
+    model = _model()
+    reference = _Reference(model[0], every)
+    _train(model, steps, reference)
+    return reference.seen
 
 
 @pytest.mark.parametrize("stored", [False, True])

@@ -174,7 +174,7 @@ class Capture(RecordSet):
         return self._step % self._options.every == 0
 
     def _keeps_value_of(self, step: int) -> bool:
-        """Whether values of ``step`` are kept (the hooks are on only in such steps here)."""
+        """Whether a pass of ``step`` is kept (here hooks are on only in such steps)."""
         return True
 
     def _hook_step(self) -> int:
@@ -203,8 +203,10 @@ class Capture(RecordSet):
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if self._closed or module is not target.module() or in_backward():
                 return
-            phase = self._phase()
             step = self._hook_step()
+            if not self._keeps_value_of(step):
+                return
+            phase = self._phase()
             call = self._calls.get((target.name, phase, step), 0)  # the output hook counts it
             tensors = [*named_tensors(tuple(args), "in")]
             for key, value in (kwargs or {}).items():
@@ -222,8 +224,10 @@ class Capture(RecordSet):
             # A checkpointed forward recomputed in backward was kept the first time.
             if self._closed or module is not target.module() or in_backward():
                 return
-            phase = self._phase()
             step = self._hook_step()
+            if not self._keeps_value_of(step):
+                return
+            phase = self._phase()
             key = (target.name, phase, step)
             call = self._calls.get(key, 0)
             self._calls[key] = call + 1
@@ -271,8 +275,6 @@ class Capture(RecordSet):
         tensor: Tensor,
     ) -> None:
         """Keep ``tensor`` if the condition says so; a failure is counted, never raised."""
-        if not self._keeps_value_of(step):
-            return
         options = self._options
         try:
             with torch.no_grad():

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from layerscope._errors import FailureCounter
 from layerscope._kinds import Kind
+from layerscope._shards import local_tensor
 from layerscope.tensors._capture import Capture
 from layerscope.tensors._outlet import TensorOutlet, to_host
 from layerscope.tensors._records import Record, kept_copy
@@ -57,7 +58,6 @@ class RunTensors(Capture):
         self._records_statistics = records_statistics
         self._pending: list[Record] = []
         self._parameters: list[tuple[str, str, weakref.ref[nn.Module]]] = []
-        self._scope_step = first_step
         try:
             super().__init__(model, spec.options)
         except ValueError as error:
@@ -110,7 +110,7 @@ class RunTensors(Capture):
         return "train" if self._training_now() else "eval"
 
     def _keeps_value_of(self, step: int) -> bool:
-        return self._keeps(step)  # hooks stay on a step longer than it may keep
+        return self._keeps(step)  # hooks stay on through the step after a kept one
 
     def _hook_step(self) -> int:
         return self._step_now()
@@ -122,10 +122,11 @@ class RunTensors(Capture):
     def _keep(self, record: Record, value: Tensor) -> None:
         # A copy on the value's own device: the host copy starts at step end, without a sync.
         # max_bytes bounds what is kept; tensors only handed to on_tensor keep nothing.
-        if self._spec.keep and not self._room_for(value.numel() * value.element_size()):
+        size = value.numel() * value.element_size()
+        if self._spec.keep and not self._room_for(size):
             return
         record.value = kept_copy(value, None)
-        self._bytes += value.numel() * value.element_size()
+        self._bytes += size
         self._pending.append(record)
 
     def _full_message(self) -> str:
@@ -143,7 +144,7 @@ class RunTensors(Capture):
             if module is None:
                 continue
             for parameter_name, parameter in module.named_parameters(recurse=False):
-                value = _local(parameter)
+                value = local_tensor(parameter).detach()  # an FSDP2 shard: this rank's part
                 record = Record(
                     module=name,
                     type=type_name,
@@ -166,10 +167,3 @@ class RunTensors(Capture):
                     )
         self._failures.warn_pending()
         self._warn_pending()
-
-
-def _local(parameter: Tensor) -> Tensor:
-    """A parameter's values on this rank: an FSDP2 shard is its local part."""
-    to_local = getattr(parameter, "to_local", None)
-    value = to_local() if callable(to_local) else parameter
-    return value.detach()

@@ -13,7 +13,7 @@ import queue
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,15 +31,6 @@ class Batch:
 
     records: list[Record]
     ready: Any = None  # a torch.cuda.Event (or another accelerator's), None on the CPU
-
-
-@dataclass(slots=True)
-class _Counts:
-    batches: int = 0
-    dropped: int = 0  # records of batches the queue had no room for
-    written: int = 0  # records written to the run's files
-    offered: int = 0  # records offered to the workers
-    files: list[str] = field(default_factory=list)
 
 
 def to_host(records: list[Record]) -> Batch:
@@ -90,7 +81,8 @@ class TensorOutlet:
         self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=queue_size)
         self._kept: list[Record] = []
         self._lock = threading.Lock()
-        self._counts = _Counts()
+        self._batches = 0  # handled so far: parts are numbered by it
+        self._dropped = 0  # records lost: no room in the queue, or a failed write
         self._drop_warning_due = False
         self._dropped_warned = False
         self._closed = False
@@ -100,12 +92,7 @@ class TensorOutlet:
     @property
     def dropped(self) -> int:
         """Records not kept because the outlet was still busy with earlier steps."""
-        return self._counts.dropped
-
-    @property
-    def written(self) -> int:
-        """Records written to the run's files."""
-        return self._counts.written
+        return self._dropped
 
     def kept(self) -> list[Record]:
         """The records kept in memory (a run without a directory), in order."""
@@ -119,12 +106,12 @@ class TensorOutlet:
         try:
             self._queue.put_nowait(batch)
         except queue.Full:
-            self._counts.dropped += len(batch.records)
+            self._dropped += len(batch.records)
             self._drop_warning_due = not self._dropped_warned
 
     def count_dropped(self, records: int) -> None:
         """Count records lost before they reached the outlet (a copy that failed)."""
-        self._counts.dropped += records
+        self._dropped += records
 
     def warn_pending(self) -> None:
         """Warn once, on the training thread, that tensors were dropped."""
@@ -163,24 +150,19 @@ class TensorOutlet:
                 self._handle(batch)
             except Exception as error:  # monitoring never breaks training
                 self._failures.record("writing whole tensors", error)
-                self._counts.dropped += 0 if batch is None else len(batch.records)
+                self._dropped += 0 if batch is None else len(batch.records)
             finally:
                 self._queue.task_done()
 
     def _handle(self, batch: Batch) -> None:
         if batch.ready is not None:
             batch.ready.synchronize()  # this thread waits for the copy, not training
-        counts = self._counts
-        counts.batches += 1
+        self._batches += 1
         if self._keep and self._write is not None:
-            name = f"{DIRECTORY}/{part_name(counts.batches)}"
-            self._write(name, part_bytes(batch.records))
-            counts.written += len(batch.records)
-            counts.files.append(name)
+            self._write(f"{DIRECTORY}/{part_name(self._batches)}", part_bytes(batch.records))
         elif self._keep:
             with self._lock:
                 self._kept.extend(batch.records)
         if self._offer is not None:
             for record in batch.records:
                 self._offer(record)
-                counts.offered += 1
