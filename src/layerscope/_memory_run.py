@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import pandas
 
     from layerscope._modules import ModuleInfo
+    from layerscope.store._reader import Parameters
 
 
 class MemoryRun:
@@ -60,14 +61,17 @@ class MemoryRun:
         """The module tree."""
         return list(self._modules)
 
-    def sql(self, query: str) -> pandas.DataFrame:
-        """Run a DuckDB query over the tables ``stats``, ``scalars``, ``alerts``, ``calls``."""
+    def sql(self, query: str, params: Parameters = None) -> pandas.DataFrame:
+        """Run a DuckDB query over the tables ``stats``, ``scalars``, ``alerts``, ``calls``.
+
+        ``params`` binds the query's placeholders, as ``Run.sql``'s does.
+        """
         duckdb = require("duckdb", "dataframe")
         connection = duckdb.connect()
         try:
             for name, table in self._tables.items():
                 connection.register(name, table)
-            frame: pandas.DataFrame = connection.execute(query).df()
+            frame: pandas.DataFrame = connection.execute(query, params).df()
         finally:
             connection.close()
         return frame

@@ -224,13 +224,19 @@ def test_a_damaged_segment_is_skipped_with_a_warning(tmp_path):
         scope._pipeline.drain()
         segments = sorted((tmp_path / "r" / "stats").iterdir())
         segments[1].write_bytes(b"PAR1 this is not a parquet file")
-        with pytest.warns(LayerscopeWarning, match="seg-000002"):
-            stats = layerscope.load(tmp_path / "r").stats
+        run = layerscope.load(tmp_path / "r")
+        with pytest.warns(LayerscopeWarning) as warned:
+            stats = run.stats
         assert sorted(set(stats.step)) == [0, 2]
+        # The file is named, and so is the table that lost its rows.
+        assert any("seg-000002" in str(w.message) for w in warned)
+        assert any("hold 28 rows where run.json counts 42" in str(w.message) for w in warned)
+        assert list(run.skipped) == [str(segments[1]), str(tmp_path / "r" / "stats")]
         scope._sink.sinks[0]._compact = lambda table: None  # keep the damage for the next check
-    with pytest.warns(LayerscopeWarning, match="seg-000002"):
+    with pytest.warns(LayerscopeWarning) as warned:
         counted = layerscope.load(tmp_path / "r").sql("select count(distinct step) n from stats")
     assert counted.n.item() == 2
+    assert any("seg-000002" in str(w.message) for w in warned)
 
 
 def test_a_reader_thread_sees_rows_only_grow_while_training_writes(tmp_path):

@@ -8,6 +8,7 @@ if TYPE_CHECKING:
     import pandas
 
     from layerscope._modules import ModuleInfo
+    from layerscope.store._reader import Parameters
 
 
 class RunTables(Protocol):
@@ -19,5 +20,8 @@ class RunTables(Protocol):
     def modules(self) -> list[ModuleInfo]:
         """The module tree, in model order."""
 
-    def sql(self, query: str) -> pandas.DataFrame:
-        """A DuckDB query over the tables ``stats``, ``scalars``, ``alerts`` and ``calls``."""
+    def sql(self, query: str, params: Parameters = None) -> pandas.DataFrame:
+        """A DuckDB query over the tables ``stats``, ``scalars``, ``alerts`` and ``calls``.
+
+        ``params`` binds its ``?`` or ``$name`` placeholders.
+        """

@@ -42,7 +42,11 @@ def write_parquet(
     """
     pyarrow = require("pyarrow", "dataframe")
     parquet = require("pyarrow.parquet", "dataframe")
-    metadata = {b"layerscope.schema": str(SCHEMA_VERSION).encode()}
+    # The file's own name: a reader knows a copy under another name for what it is.
+    metadata = {
+        b"layerscope.schema": str(SCHEMA_VERSION).encode(),
+        b"layerscope.file": path.rpartition("/")[2].encode(),
+    }
     schema = schema.with_metadata({**(schema.metadata or {}), **metadata})
     strings = [f.name for f in schema if _is_string(f.type)]
 

@@ -6,8 +6,9 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from layerscope._imports import require
+from layerscope.store._damage import warn_damaged
 from layerscope.store._layout import RUN_FILE, directory_rank
-from layerscope.store._reader import Run, warn_damaged
+from layerscope.store._reader import Run
 
 if TYPE_CHECKING:
     import pandas

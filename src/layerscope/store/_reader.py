@@ -8,25 +8,25 @@ The ranks of a distributed job write a directory each inside the run (see ``_lay
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-import warnings
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from layerscope._errors import LayerscopeWarning
 from layerscope._identities import KEY_COLUMNS, META_COLUMNS
 from layerscope._imports import require
 from layerscope._modules import ModuleInfo
+from layerscope.store._damage import RunFileError, warn_damaged
+from layerscope.store._file_checks import check_modules, check_run_meta, parse_json
 from layerscope.store._layout import (
     CALLS_FILE,
     MODULES_FILE,
     RUN_FILE,
-    SCHEMA_VERSION,
     SEGMENTED_TABLES,
     directory_rank,
     files_to_read,
 )
+from layerscope.store._segment_checks import SegmentChecks
 from layerscope.store._sql import Database, create_view, duckdb_url
 from layerscope.store._status import combine_metas
 
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from layerscope.tensors import SavedCapture
 
 TABLES = (*SEGMENTED_TABLES, "calls")
+#: Values bound to a query's placeholders: a list for ``?``, a dict for ``$name``.
+Parameters = Sequence[Any] | Mapping[str, Any] | None
 RANKS = ("each", "merge")
 _RETRIES = 10
 
@@ -73,6 +75,7 @@ class Run:
         self._root = root.rstrip("/") or root
         if self._fs.isfile(self._root):
             raise NotADirectoryError(f"path: {self.path} is a file, not a run directory")
+        self.skipped: dict[str, str] = {}
         metas = self._read_metas() if self._fs.exists(self._root) else {}
         if not metas:
             raise FileNotFoundError(f"path: no run at {self.path} (no {RUN_FILE})")
@@ -80,9 +83,11 @@ class Run:
         self.meta: dict[str, Any] = combine_metas(
             {rank: rank_meta for rank, (_, rank_meta) in metas.items()}
         )
+        self._segments = SegmentChecks(
+            self._fs, {place: (rank, rank_meta) for rank, (place, rank_meta) in metas.items()}
+        )
         self._database = Database(self._fs)
         self._rankless: set[str] = set()  # files written before tables had a rank column
-        self._checked: set[str] = set()  # files whose footer was read: whole, not damaged
         self._views_lock = threading.Lock()
         self._views_signature: tuple[int, tuple[tuple[str, ...], ...]] | None = None
 
@@ -90,26 +95,35 @@ class Run:
         return f"<Run {self.meta.get('name')!r} {self.meta['status']}, {self.path}>"
 
     def _read_metas(self) -> dict[int, tuple[str, dict[str, Any]]]:
-        """Each rank's place and ``run.json``, for the ranks that wrote one."""
+        """Each rank's place and ``run.json``, for the ranks that wrote one.
+
+        The root's ``run.json`` damaged is a RunFileError: there is no run to show without
+        it. A rank directory's is left out with a warning, and the rest read.
+        """
         metas = {}
         for rank, place in self._places():
+            path = f"{place}/{RUN_FILE}"
             try:
-                with self._fs.open(f"{place}/{RUN_FILE}", "rb") as file:
-                    meta = json.load(file)
+                with self._fs.open(path, "rb") as file:
+                    payload = file.read()
             except FileNotFoundError:
                 continue
-            except ValueError as error:
+            except IsADirectoryError:
+                payload = b""
+            try:
+                meta = check_run_meta(path, parse_json(path, payload))
+            except RunFileError as error:
                 if place == self._root:
-                    raise  # the run's own run.json: nothing to show without it
-                warn_damaged(f"{place}/{RUN_FILE}", error)
+                    raise
+                self._skip(path, f"{error.field}: {error.reason}" if error.field else error.reason)
                 continue
-            if meta.get("schema", 1) > SCHEMA_VERSION:
-                raise ValueError(
-                    f"path: {self.path} was written by a newer layerscope (schema "
-                    f"{meta['schema']}); this one reads up to schema {SCHEMA_VERSION}"
-                )
             metas[meta.get("rank", rank) if place == self._root else rank] = (place, meta)
         return metas
+
+    def _skip(self, path: str, reason: str) -> None:
+        """Leave ``path`` out, with a warning the first time and a line in ``skipped``."""
+        if path not in self.skipped:
+            self.skipped[path] = warn_damaged(path, reason)
 
     def _places(self) -> list[tuple[int, str]]:
         """(rank, directory) of the root and of every rank's directory there is now."""
@@ -122,21 +136,15 @@ class Run:
 
     @property
     def modules(self) -> list[ModuleInfo]:
-        """The module tree."""
-        with self._fs.open(f"{self._meta_place}/{MODULES_FILE}", "rb") as file:
-            entries = json.load(file)
-        return [
-            ModuleInfo(
-                name=entry["name"],
-                type=entry["type"],
-                parameters={key: tuple(shape) for key, shape in entry["parameters"].items()},
-                num_parameters=entry["num_parameters"],
-                num_parameters_total=entry["num_parameters_total"],
-                children=tuple(entry["children"]),
-                watched=entry["watched"],
-            )
-            for entry in entries
-        ]
+        """The module tree.
+
+        Raises:
+            RunFileError: ``modules.json`` is damaged or holds a field of the wrong type.
+        """
+        path = f"{self._meta_place}/{MODULES_FILE}"
+        with self._fs.open(path, "rb") as file:
+            payload = file.read()
+        return check_modules(path, parse_json(path, payload))
 
     @property
     def stats(self) -> pandas.DataFrame:
@@ -216,32 +224,37 @@ class Run:
         """seq, event, module, call, rank: the order of one forward pass, of each rank."""
         return self._frame("calls")
 
-    def sql(self, query: str) -> pandas.DataFrame:
+    def sql(self, query: str, params: Parameters = None) -> pandas.DataFrame:
         """Run a DuckDB query over the tables ``stats``, ``scalars``, ``alerts``, ``calls``.
 
         Each table holds the rows of every rank. Histograms are stored trimmed: ``hist``
         holds the counts from slot ``hist_lo`` on.
 
+        Args:
+            query: the SQL.
+            params: values for its ``?`` (a list) or ``$name`` (a dict) placeholders, bound
+                by DuckDB: a value from a run or a request never becomes SQL text.
+
         Example::
 
-            run.sql("select module, max(absmax) from stats where kind = 'grad' group by 1")
+            run.sql("select module, max(absmax) from stats where kind = ? group by 1", ["grad"])
         """
         duckdb = require("duckdb", "dataframe")
         for _ in range(_RETRIES - 1):
             try:
-                return self._query(query)
+                return self._query(query, params)
             except (FileNotFoundError, duckdb.IOException):
                 continue  # a run being compacted: a listed segment went before it was read
-        return self._query(query)
+        return self._query(query, params)
 
-    def _query(self, query: str) -> pandas.DataFrame:
+    def _query(self, query: str, params: Parameters = None) -> pandas.DataFrame:
         """``query`` over a view per table of the files the directory lists now."""
         empty = self._refresh_views()
         connection = self._database.cursor()
         try:
             for table in empty:  # a table no file holds yet: its columns, no rows
                 connection.register(table, self._empty(table))
-            frame: pandas.DataFrame = connection.execute(query).df()
+            frame: pandas.DataFrame = connection.execute(query, params).df()
         finally:
             connection.close()
         return frame
@@ -322,8 +335,11 @@ class Run:
         raise RuntimeError(f"{self.path}: {table} kept changing while being read")
 
     def _readable(self, table: str) -> list[str]:
-        """Paths of the table's files of every rank, damaged ones left out with a warning."""
-        parquet = require("pyarrow.parquet", "dataframe")
+        """Paths of the table's files of every rank; those not to read left out, named.
+
+        Raises:
+            FileNotFoundError: a listed file vanished (compacted meanwhile): list again.
+        """
         paths = []
         for _, place in self._places():
             if table == "calls":
@@ -333,25 +349,16 @@ class Run:
                 directory = f"{place}/{table}"
                 if not self._fs.exists(directory):
                     continue
+                if not self._fs.isdir(directory):
+                    self._skip(directory, f"a file where the {table} folder should be")
+                    continue
                 listed = self._fs.ls(directory, detail=False)
                 names = files_to_read([p.rstrip("/").rsplit("/", 1)[-1] for p in listed])
-            for name in names:
-                path = f"{directory}/{name}"
-                if path in self._checked:  # files are written whole and never change
-                    paths.append(path)
-                    continue
-                try:
-                    with self._fs.open(path, "rb") as file:
-                        columns = parquet.read_metadata(file).schema.names
-                except FileNotFoundError:
-                    raise  # compacted meanwhile: the caller lists again
-                except Exception as error:  # any damage: truncated, garbage
-                    warn_damaged(path, error)
-                    continue
-                if "rank" not in columns:
-                    self._rankless.add(path)
-                self._checked.add(path)
-                paths.append(path)
+            listing = self._segments.listing(place, table, directory, names)
+            for path, reason in listing.skipped:
+                self._skip(path, reason)
+            self._rankless |= listing.rankless
+            paths += listing.paths
         return paths
 
     def _empty(self, table: str) -> Any:
@@ -400,11 +407,3 @@ def load(path: str | os.PathLike[str], ranks: str = "each") -> Run:
     """
     return Run(path, ranks)
 
-
-def warn_damaged(path: str, error: BaseException) -> None:
-    """Warn that ``path`` was skipped, for ``error``, and go on reading the rest."""
-    warnings.warn(
-        f"layerscope: skipped {path}, which cannot be read ({type(error).__name__}: {error})",
-        LayerscopeWarning,
-        stacklevel=4,
-    )

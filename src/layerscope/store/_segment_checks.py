@@ -1,0 +1,210 @@
+"""Which of a run's Parquet files a reader may read: whole, of this table, of this rank, once.
+
+A file is checked once, from its footer, and never changes after (files appear by rename and
+are never rewritten). It is left out, with its reason, when it is:
+- damaged: truncated, garbage, not Parquet;
+- another table's or another program's: a key column missing or of another type;
+- a copy: its footer names another file (``layerscope.file``, written since schema 1's
+  files carried it), or its footer is byte for byte another file's;
+- another rank's: its ``rank`` column, by the footer's statistics, is not its directory's.
+A table whose files hold fewer rows than the rank's ``run.json`` counts as written is named
+too: its files were removed or replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from layerscope._imports import require
+from layerscope.stats._finalize import BUILTIN_STATS
+
+# The columns a table's file must have, and the kind of each column a reader relies on.
+_REQUIRED = {
+    "stats": ("step", "phase", "module", "kind", "tensor", "call"),
+    "scalars": ("step", "name", "value"),
+    "alerts": ("step", "rule", "module", "severity", "message"),
+    "calls": ("seq", "event", "module"),
+}
+_KINDS = {
+    "step": "integer",
+    "rank": "integer",
+    "call": "integer",
+    "seq": "integer",
+    "numel": "integer",
+    "hist_lo": "integer",
+    "nan_count": "integer",
+    "inf_count": "integer",
+    "phase": "string",
+    "module": "string",
+    "module_type": "string",
+    "kind": "string",
+    "tensor": "string",
+    "name": "string",
+    "rule": "string",
+    "severity": "string",
+    "message": "string",
+    "event": "string",
+    "dtype": "string",
+    "sentinel": "boolean",
+    "value": "number",
+    "threshold": "number",
+    "hist": "list",
+    **{stat: "number" for stat in BUILTIN_STATS if stat not in ("hist",)},
+}
+# What run.json counts of each table's rows: a table holding fewer lost some.
+_WRITTEN_COUNT = {"stats": "written_rows", "scalars": "written_scalars"}
+_FOOTER_TAIL = 8  # a Parquet file ends with its footer's length (4 bytes) and "PAR1"
+
+
+@dataclass
+class Listing:
+    """The files of one table of one rank to read, and those left out with their reasons."""
+
+    paths: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    rankless: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Verdict:
+    reason: str | None
+    rows: int = 0
+    rankless: bool = False
+    fingerprint: bytes = b""
+
+
+class SegmentChecks:
+    """The checks of one run's files, each file's verdict kept.
+
+    Args:
+        fs: the fsspec filesystem of the run.
+        places: each rank's directory -> (rank, its checked ``run.json``).
+    """
+
+    def __init__(self, fs: Any, places: dict[str, tuple[int, dict[str, Any]]]) -> None:
+        self._fs = fs
+        self._places = places
+        self._verdicts: dict[str, _Verdict] = {}
+        self._owners: dict[bytes, str] = {}  # footer fingerprint -> the first file with it
+
+    def listing(self, place: str, table: str, directory: str, names: list[str]) -> Listing:
+        """Which of ``names`` (in ``directory``, of ``place``'s rank) to read, in order.
+
+        Raises:
+            FileNotFoundError: a listed file vanished (compacted meanwhile): list again.
+        """
+        listing = Listing()
+        rows = 0
+        rank = self._places.get(place, (None, {}))[0]
+        for name in names:
+            path = f"{directory}/{name}"
+            verdict = self._verdicts.get(path)
+            if verdict is None:
+                verdict = self._check(path, name, table, rank)
+                self._verdicts[path] = verdict
+            if verdict.reason is None:
+                owner = self._owners.setdefault(verdict.fingerprint, path)
+                if owner != path:
+                    verdict.reason = f"a copy of {owner}: the same rows twice"
+            if verdict.reason is not None:
+                listing.skipped.append((path, verdict.reason))
+                continue
+            rows += verdict.rows
+            listing.paths.append(path)
+            if verdict.rankless:
+                listing.rankless.add(path)
+        counted = self._places.get(place, (None, {}))[1].get(_WRITTEN_COUNT.get(table, ""))
+        if isinstance(counted, int) and rows < counted:
+            listing.skipped.append(
+                (
+                    directory,
+                    f"its files hold {rows} rows where run.json counts {counted} written: "
+                    "files were removed or replaced",
+                )
+            )
+        return listing
+
+    def _check(self, path: str, name: str, table: str, rank: int | None) -> _Verdict:
+        parquet = require("pyarrow.parquet", "dataframe")
+        try:
+            with self._fs.open(path, "rb") as file:
+                file.seek(0, 2)
+                size = file.tell()
+                file.seek(max(0, size - _FOOTER_TAIL))
+                tail = file.read(_FOOTER_TAIL)
+                footer_size = int.from_bytes(tail[:4], "little") if len(tail) == 8 else 0
+                file.seek(max(0, size - _FOOTER_TAIL - footer_size))
+                footer = file.read(footer_size)
+                file.seek(0)
+                metadata = parquet.read_metadata(file)
+        except FileNotFoundError:
+            raise  # compacted meanwhile: the caller lists again
+        except Exception as error:  # any damage: truncated, garbage, a folder
+            return _Verdict(f"{type(error).__name__}: {error}")
+        schema = metadata.schema.to_arrow_schema()
+        reason = _schema_fault(schema, table)
+        if reason is None:
+            reason = _name_fault(schema.metadata or {}, name)
+        if reason is None and rank is not None:
+            reason = _rank_fault(metadata, rank)
+        fingerprint = hashlib.blake2b(footer + size.to_bytes(8, "little")).digest()
+        return _Verdict(
+            reason,
+            rows=metadata.num_rows,
+            rankless="rank" not in schema.names,
+            fingerprint=fingerprint,
+        )
+
+
+def _schema_fault(schema: Any, table: str) -> str | None:
+    """Why a file of ``schema`` is not one of ``table``'s, or None."""
+    pyarrow = require("pyarrow", "dataframe")
+    missing = [name for name in _REQUIRED[table] if name not in schema.names]
+    if missing:
+        return f"not a {table} file of layerscope: no column {', '.join(missing)}"
+    for column in schema:
+        kind = column.type
+        if pyarrow.types.is_dictionary(kind):
+            kind = kind.value_type
+        expected = _KINDS.get(column.name)
+        if expected is not None and not _is_kind(pyarrow, kind, expected):
+            return f"column {column.name} is {kind}, expected {expected}"
+    return None
+
+
+def _is_kind(pyarrow: Any, kind: Any, expected: str) -> bool:
+    types = pyarrow.types
+    if expected == "integer":
+        return bool(types.is_integer(kind))
+    if expected == "string":
+        return bool(types.is_string(kind) or types.is_large_string(kind))
+    if expected == "boolean":
+        return bool(types.is_boolean(kind))
+    if expected == "number":
+        return bool(types.is_integer(kind) or types.is_floating(kind) or types.is_null(kind))
+    return bool(types.is_list(kind) or types.is_large_list(kind))
+
+
+def _name_fault(metadata: dict[bytes, bytes], name: str) -> str | None:
+    """Why a file named ``name`` is a copy, by the name its footer gives, or None."""
+    written = metadata.get(b"layerscope.file")
+    if written is not None and written.decode("utf-8", "replace") != name:
+        return f"a copy of {written.decode('utf-8', 'replace')}: written under that name"
+    return None
+
+
+def _rank_fault(metadata: Any, rank: int) -> str | None:
+    """Why a file's rows are not of ``rank`` (by its footer's statistics), or None."""
+    leaves = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+    if "rank" not in leaves:
+        return None  # written before tables had a rank: rank 0's, wherever they are
+    column = leaves.index("rank")
+    for group in range(metadata.num_row_groups):
+        statistics = metadata.row_group(group).column(column).statistics
+        if statistics is None or not statistics.has_min_max:
+            continue
+        if statistics.min != rank or statistics.max != rank:
+            return f"holds rows of rank {statistics.min} to {statistics.max}, not of rank {rank}"
+    return None
