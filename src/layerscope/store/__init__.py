@@ -5,8 +5,9 @@ it back as a ``Run``; ``runs(root)`` lists the runs under a folder. Needs
 ``layerscope[dataframe]``.
 """
 
+from layerscope.store._damage import RunFileError
 from layerscope.store._listing import runs
 from layerscope.store._reader import Run, load
 from layerscope.store._writer import ParquetStore
 
-__all__ = ["ParquetStore", "Run", "load", "runs"]
+__all__ = ["ParquetStore", "Run", "RunFileError", "load", "runs"]
