@@ -64,8 +64,8 @@ def alerts_table(run: Run, limit: int | None) -> Table:
     if order:
         query += f" order by {order}"
     if limit is not None:
-        query += f" limit {int(limit)}"
-    frame = run.sql(query)
+        query += " limit $limit"
+    frame = run.sql(query, None if limit is None else {"limit": int(limit)})
     table = Table("alerts", [Column(name, numeric=name in ("step", "rank")) for name in shown])
     for record in frame.itertuples(index=False):
         values = record._asdict()
@@ -83,6 +83,11 @@ def _cell(column: str, value: object) -> str:
 
 
 def _varies(run: Run, column: str, default: str) -> bool:
-    """Whether any alert has a ``column`` other than ``default``."""
-    frame = run.sql(f"select count(*) as n from alerts where coalesce({column}, '') <> '{default}'")
+    """Whether any alert has a ``column`` (one of ``_SHOWN``) other than ``default``."""
+    if column not in _SHOWN:
+        raise ValueError(f"column: expected one of {_SHOWN}, got {column!r}")
+    frame = run.sql(
+        f"select count(*) as n from alerts where coalesce({column}, '') <> $default",
+        {"default": default},
+    )
     return bool(frame.n.iloc[0])

@@ -189,11 +189,15 @@ def replay(recorded: Run, rank: int = 0) -> Iterator[Records]:
     identities = Identities()
     alerts = _alerts(recorded, rank)
     for low, high in step_ranges(recorded, rank):
-        where = f"rank = {rank}"
-        where += "" if low is None else f" and step > {low}"
-        where += "" if high is None else f" and step <= {high}"
-        frame = recorded.sql(f"select * from stats where {where} order by step")
-        scalars = recorded.sql(f"select step, name, value from scalars where {where} order by step")
+        where = "rank = $rank"
+        where += "" if low is None else " and step > $low"
+        where += "" if high is None else " and step <= $high"
+        bounds = {"rank": rank, "low": low, "high": high}
+        params = {name: value for name, value in bounds.items() if value is not None}
+        frame = recorded.sql(f"select * from stats where {where} order by step", params)
+        scalars = recorded.sql(
+            f"select step, name, value from scalars where {where} order by step", params
+        )
         records = Records(
             scalars=[
                 (int(step), str(name), float(value))
@@ -222,8 +226,8 @@ def step_ranges(recorded: Run, rank: int) -> list[tuple[int | None, int | None]]
     without statistics are in one of them too.
     """
     counts = recorded.sql(
-        f"select step, count(*) as n from stats where rank = {int(rank)} group by step "
-        f"order by step"
+        "select step, count(*) as n from stats where rank = $rank group by step order by step",
+        {"rank": int(rank)},
     )
     bounds: list[int] = []
     rows = 0

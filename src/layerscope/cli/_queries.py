@@ -1,7 +1,8 @@
 """SQL over a run for the commands: only the columns a command shows, never ``hist``.
 
 A large run is never widened into pandas whole: DuckDB reads the few columns a query names
-from the Parquet files and returns one row per layer, or the rows of one step.
+from the Parquet files and returns one row per layer, or the rows of one step. Values are
+bound as parameters (``$phase``, ``$rank``); column names come from ``SHOWN_STATS`` only.
 """
 
 from __future__ import annotations
@@ -22,16 +23,6 @@ KIND_NAMES = tuple(kind.value for kind in Kind)
 SHOWN_STATS = ("mean", "std", "absmax", "l2", "zero_frac", "nonfinite")
 
 
-def quoted(text: str) -> str:
-    """``text`` as an SQL string literal.
-
-    Examples:
-        >>> print(quoted("it's"))
-        'it''s'
-    """
-    return "'" + text.replace("'", "''") + "'"
-
-
 def stats_columns(run: Run) -> frozenset[str]:
     """The columns the run's stats table has (its files', or its configuration's if none)."""
     return frozenset(run.sql("select * from stats limit 0").columns)
@@ -47,16 +38,23 @@ def recorded(columns: frozenset[str]) -> frozenset[str]:
 
 def lowest_rank(run: Run) -> int:
     """The rank a command shows unless told: rank 0, or the lowest that wrote."""
-    ranks = [entry["rank"] for entry in run.meta.get("ranks", ())]
+    ranks = [int(entry["rank"]) for entry in run.meta.get("ranks", ())]
     return min(ranks, default=0)
 
 
-def row_filter(columns: frozenset[str], phase: str, rank: int) -> str:
-    """The ``where`` condition of full rows of ``phase`` and ``rank``: no sentinel rows."""
-    condition = f"phase = {quoted(phase)} and rank = {int(rank)}"
+def row_filter(columns: frozenset[str]) -> str:
+    """The ``where`` condition of full rows of ``$phase`` and ``$rank``: no sentinel rows."""
+    condition = "phase = $phase and rank = $rank"
     if "sentinel" in columns:  # sentinel rows hold min, max and absmax only
         condition += " and not coalesce(sentinel, false)"
     return condition
+
+
+def row_params(phase: str, rank: int, **more: object) -> dict[str, object]:
+    """The values of ``row_filter``'s parameters, and ``more``."""
+    if not isinstance(phase, str):
+        raise TypeError(f"phase: expected a string, got {type(phase).__name__}")
+    return {"phase": phase, "rank": int(rank), **more}
 
 
 def stat_expressions(columns: frozenset[str]) -> str:
@@ -76,7 +74,8 @@ def steps_of(run: Run, phase: str, rank: int) -> list[int]:
     """The steps with full rows of ``phase`` and ``rank``, in order."""
     columns = stats_columns(run)
     frame = run.sql(
-        f"select distinct step from stats where {row_filter(columns, phase, rank)} order by step"
+        f"select distinct step from stats where {row_filter(columns)} order by step",
+        row_params(phase, rank),
     )
     return [int(step) for step in frame["step"]]
 
@@ -86,8 +85,8 @@ def rows_at_step(run: Run, step: int, phase: str, rank: int) -> pandas.DataFrame
     columns = stats_columns(run)
     return run.sql(
         f"select module, kind, tensor, call, {stat_expressions(columns)} from stats "
-        f"where step = {int(step)} and {row_filter(columns, phase, rank)} "
-        "order by module, kind, tensor, call"
+        f"where step = $step and {row_filter(columns)} order by module, kind, tensor, call",
+        row_params(phase, rank, step=int(step)),
     )
 
 
@@ -112,7 +111,7 @@ def layer_trends(run: Run, phase: str, rank: int) -> pandas.DataFrame:
         f"""
         with readings as (
             select module, kind, step, numel::double as n, {stat_expressions(columns)}
-            from stats where {row_filter(columns, phase, rank)}
+            from stats where {row_filter(columns)}
         ),
         centred as (
             select *, sum(n * mean) over tensors / sum(n) over tensors as layer_mean
@@ -134,5 +133,6 @@ def layer_trends(run: Run, phase: str, rank: int) -> pandas.DataFrame:
         )
         select module, kind, min(step) as first_step, max(step) as last_step, {ends}
         from pooled group by module, kind
-        """
+        """,
+        row_params(phase, rank),
     )

@@ -117,8 +117,8 @@ def scalar_fields(run: Run) -> list[tuple[str, str]]:
     frame = run.sql(
         "select name, min(step) as first_step, max(step) as last_step, "
         "arg_min(value, step) as earliest, arg_max(value, step) as latest from scalars "
-        f"where rank = {_queries.lowest_rank(run)} group by name order by name "
-        f"limit {_SCALARS_SHOWN}"
+        "where rank = $rank group by name order by name limit $limit",
+        {"rank": _queries.lowest_rank(run), "limit": _SCALARS_SHOWN},
     )
     return [
         (

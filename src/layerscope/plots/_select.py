@@ -38,9 +38,21 @@ DEFAULT_TENSOR = {
 _NOT_STATS = frozenset(("hist", "hist_lo"))
 
 
-def quote(text: str) -> str:
-    """``text`` as an SQL string literal."""
-    return "'" + text.replace("'", "''") + "'"
+# The modules a query picks, bound as the list ``$names``: each row's module comes back as its
+# index in that list. Names come from the run's files: never pasted into SQL.
+PICKED_MODULES = (
+    "(select unnest($names) as name, generate_subscripts($names, 1) - 1 as layer) picked"
+)
+
+
+def column(name: str) -> str:
+    """``name`` as a quoted SQL identifier; callers pass only names checked by ``check_stat``.
+
+    Examples:
+        >>> print(column('a"b'))
+        "a""b"
+    """
+    return '"' + name.replace('"', '""') + '"'
 
 
 def check_kind(kind: str) -> str:
@@ -121,14 +133,13 @@ def read_rows(
     # Each row's module comes back as its index in ``names``, not as a string: a million
     # Python strings would cost more than the figure's numbers. Rows come unsorted (DuckDB
     # sorting a million rows costs more memory than numpy's stable argsort after).
-    selected = ", ".join(f"({quote(name)}, {index})" for index, name in enumerate(names))
-    wanted = ", ".join(["step", "picked.layer", *columns])
+    wanted = ", ".join(["step", "picked.layer", *map(column, columns)])
     frame = run.sql(
-        f"select {wanted} from stats join (values {selected}) picked(name, layer)"
-        " on stats.module = picked.name"
-        f" where kind = {quote(kind)} and tensor = {quote(tensor)} and phase = {quote(phase)}"
+        f"select {wanted} from stats join {PICKED_MODULES} on stats.module = picked.name"
+        " where kind = $kind and tensor = $tensor and phase = $phase"
         " and coalesce(call, 0) = 0 and not coalesce(sentinel, false)"
-        " and rank = (select min(rank) from stats)"
+        " and rank = (select min(rank) from stats)",
+        {"names": names, "kind": kind, "tensor": tensor, "phase": phase},
     )
     order = np.argsort(frame["step"].to_numpy(), kind="stable")
     frame = frame.iloc[order].reset_index(drop=True)
@@ -156,9 +167,9 @@ def layers_with_rows(run: RunTables, *, kind: str, phase: str, tensor: str | Non
     kind = check_kind(kind)
     tensor = DEFAULT_TENSOR[kind] if tensor is None else tensor
     frame = run.sql(
-        f"select distinct module from stats where kind = {quote(kind)}"
-        f" and tensor = {quote(tensor)} and phase = {quote(check_phase(phase))}"
-        " and not coalesce(sentinel, false)"
+        "select distinct module from stats where kind = $kind and tensor = $tensor"
+        " and phase = $phase and not coalesce(sentinel, false)",
+        {"kind": kind, "tensor": tensor, "phase": check_phase(phase)},
     )
     present = set(frame["module"])
     return [info.name for info in run.modules if info.name in present]

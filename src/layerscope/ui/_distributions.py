@@ -13,7 +13,7 @@ import numpy as np
 import pandas
 
 from layerscope.plots._histograms import histogram_edges, magnitude_slots, occupied_range, widen
-from layerscope.plots._select import quote
+from layerscope.plots._select import PICKED_MODULES
 from layerscope.store import Run
 from layerscope.ui._encode import integers, numbers, pack
 from layerscope.ui._query import Selection, check_module
@@ -45,20 +45,22 @@ def color_dims(
 ) -> dict[str, dict[str, Any]]:
     """``color_dim`` of each of ``modules`` (None: every layer) from one query."""
     edges = histogram_edges(run)
-    chosen = ""
+    chosen, params = "", selection.params(width=int(width))
     if modules is not None:
-        chosen = " and module in (" + ", ".join(quote(name) for name in modules) + ")"
+        chosen = f" and module in (select name from {PICKED_MODULES})"
+        params["names"] = list(modules)
     frame = run.sql(
         "with picked as materialized ("
         f" select module, step, hist_lo, hist from stats where {selection.where()}{chosen}"
         " and hist is not null),"
-        f" counted as (select module, step // {width} as bucket, count(*) as steps_in_bucket,"
+        " counted as (select module, step // $width as bucket, count(*) as steps_in_bucket,"
         " min(step) as first, max(step) as last from picked group by all),"
-        f" cells as (select module, step // {width} as bucket,"
+        " cells as (select module, step // $width as bucket,"
         " hist_lo + generate_subscripts(hist, 1) - 1 as slot, unnest(hist) as count"
         " from picked),"
         " summed as (select module, bucket, slot, sum(count) as count from cells group by all)"
-        " select * from summed join counted using (module, bucket)"
+        " select * from summed join counted using (module, bucket)",
+        params,
     )
     codes, found = pandas.factorize(frame["module"])
     layers = {}
@@ -120,7 +122,8 @@ def distribution(run: Run, selection: Selection, module: str, step: int) -> dict
     check_module(run, module)
     frame = run.sql(
         f"select hist_lo, hist from stats where {selection.where()}"
-        f" and module = {quote(module)} and step = {int(step)} and hist is not null"
+        " and module = $module and step = $step and hist is not null",
+        selection.params(module=module, step=int(step)),
     )
     if not len(frame):
         return {"module": module, "step": None}

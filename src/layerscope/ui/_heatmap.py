@@ -13,18 +13,23 @@ import numpy as np
 import pandas
 
 from layerscope.plots._images import LOG_SCALE_STATS
-from layerscope.plots._select import check_stat, quote
+from layerscope.plots._select import PICKED_MODULES, check_stat, column
 from layerscope.store import Run
 from layerscope.ui._encode import integers, pack
 from layerscope.ui._overview import statistics
-from layerscope.ui._query import Selection, aggregate, check_module, column
+from layerscope.ui._query import Selection, aggregate, check_module
 
 
 def _grouped(width: int) -> tuple[str, str]:
     """The select list's step columns and the group clause for buckets of ``width`` steps."""
     if width == 1:
         return "step as bucket, step as first, step as last", ""
-    return f"step // {width} as bucket, min(step) as first, max(step) as last", " group by all"
+    return "step // $width as bucket, min(step) as first, max(step) as last", " group by all"
+
+
+def _width(width: int) -> dict[str, int]:
+    """The ``$width`` parameter ``_grouped``'s clause has, where it has one."""
+    return {} if width == 1 else {"width": int(width)}
 
 
 def heatmap(run: Run, selection: Selection, stat: str, width: int) -> dict[str, Any]:
@@ -44,7 +49,8 @@ def heatmap(run: Run, selection: Selection, stat: str, width: int) -> dict[str, 
     value = column(stat) if width == 1 else f"{how}({column(stat)})"
     frame = run.sql(
         f"select module, {steps_clause}, {value} as value from stats"
-        f" where {selection.where()}{group}"
+        f" where {selection.where()}{group}",
+        selection.params(**_width(width)),
     )
     # Modules as codes: 200,000 rows name ~200 modules, and Python never sees each row's.
     codes, names = pandas.factorize(frame["module"])
@@ -109,12 +115,14 @@ def series_of_layers(
         picked = ", ".join(column(name) for name in names)
     else:
         picked = ", ".join(f"{aggregate(name)}({column(name)}) as {column(name)}" for name in names)
-    chosen = ""
+    chosen, params = "", selection.params(**_width(width))
     if modules is not None:
-        chosen = " and module in (" + ", ".join(quote(name) for name in modules) + ")"
+        chosen = f" and module in (select name from {PICKED_MODULES})"
+        params["names"] = list(modules)
     frame = run.sql(
         f"select module, {steps_clause}, {picked} from stats"
-        f" where {selection.where()}{chosen}{group} order by module, bucket"
+        f" where {selection.where()}{chosen}{group} order by module, bucket",
+        params,
     )
     codes, found = pandas.factorize(frame["module"])
     return {

@@ -98,7 +98,8 @@ def modules(run: Run) -> list[dict[str, Any]]:
 def scalars(run: Run, rank: int) -> dict[str, Any]:
     """Each scalar's steps and values, thinned evenly where a series is very long."""
     frame = run.sql(
-        f"select name, step, value from scalars where rank = {int(rank)} order by name, step"
+        "select name, step, value from scalars where rank = $rank order by name, step",
+        {"rank": int(rank)},
     )
     series = {}
     for name, rows in frame.groupby("name", sort=True):
@@ -116,7 +117,8 @@ def alerts(run: Run, rank: int) -> dict[str, Any]:
     """The health rules' alerts of one rank, by step."""
     frame = run.sql(
         "select step, phase, rule, module, kind, tensor, severity, value, threshold, message"
-        f" from alerts where rank = {int(rank)} order by step, module"
+        " from alerts where rank = $rank order by step, module",
+        {"rank": int(rank)},
     )
     rows = []
     for record in frame.to_dict("records"):

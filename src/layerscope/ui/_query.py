@@ -17,7 +17,6 @@ from layerscope.plots._select import (
     DEFAULT_TENSOR,
     check_kind,
     check_phase,
-    quote,
     select_modules,
 )
 from layerscope.store import Run
@@ -38,11 +37,6 @@ _AGGREGATES = {
 def aggregate(stat: str) -> str:
     """The SQL aggregate that keeps what matters of ``stat`` over a bucket of steps."""
     return _AGGREGATES.get(stat, "avg")
-
-
-def column(name: str) -> str:
-    """``name`` as a quoted SQL identifier (custom statistics are named by the user)."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,14 +60,23 @@ class Selection:
         return cls(kind, tensor, check_phase(phase), int(rank))
 
     def where(self) -> str:
-        """The SQL condition of its rows."""
+        """The SQL condition of its rows, with the parameters ``params`` gives."""
         return (
-            f"kind = {quote(self.kind)} and tensor = {quote(self.tensor)}"
-            f" and phase = {quote(self.phase)} and rank = {self.rank}"
+            "kind = $kind and tensor = $tensor and phase = $phase and rank = $rank"
             # As the figures' coalesce(call, 0) = 0 and not coalesce(sentinel, false), in a
             # form DuckDB filters faster (zone maps of call, no function per row).
             " and (call = 0 or call is null) and sentinel is not true"
         )
+
+    def params(self, **more: object) -> dict[str, object]:
+        """The values of ``where``'s parameters, and ``more``."""
+        return {
+            "kind": self.kind,
+            "tensor": self.tensor,
+            "phase": self.phase,
+            "rank": self.rank,
+            **more,
+        }
 
 
 def bucket_width(run: Run, steps: int | None, max_columns: int = MAX_COLUMNS) -> int:
