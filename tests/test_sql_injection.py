@@ -20,9 +20,9 @@ from layerscope.cli import main
 from layerscope.store import RunFileError
 
 pytest.importorskip("starlette")
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient
 
-from layerscope.ui._app import create_app  # noqa: E402
+from layerscope.ui._app import create_app
 
 
 def payloads(target):
@@ -98,7 +98,7 @@ def every_reader(run_dir, client_root, names, target, capsys):
     run = layerscope.load(run_dir)
     for table in ("stats", "scalars", "alerts", "calls"):
         getattr(run, table)
-    run.modules
+    assert run.modules
     for argv in (
         ["summary", run_dir, "--plain"],
         ["summary", run_dir, "--plain", "--phase", names[0], "--kind", "grad"],
@@ -184,7 +184,8 @@ def test_a_planted_run_json_field_is_refused_by_name(clean_run, tmp_path, field,
         status = main(["summary", str(run_dir), "--plain"])
         err = capsys.readouterr().err
         assert status == 2
-        assert "run.json" in err and named in err
+        assert "run.json" in err
+        assert named in err
         assert "Traceback" not in err
     client = client_of(run_dir.parent)
     for path in ("/api/runs", "/api/runs/bad", "/api/runs/bad/heatmap", "/api/runs/bad/alerts"):
