@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the summary of ``args.run``."""
     opened = open_run(args.run)
     output = open_output(args.plain)
-    output.fields("run", run_fields(opened))
+    output.fields("run", run_fields(opened) + reach_fields(opened))
     output.fields("cost", cost_fields(opened.meta))
     scalars = scalar_fields(opened)
     if scalars:
@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         output.table(alerts_table(opened, limit))
         if limit is not None and limit < sum(counts.values()):
             output.line(f"... the first {limit} shown; --alerts 0 shows them all")
+    if opened.skipped:
+        output.fields("files left out (damaged)", list(opened.skipped.items()))
     return 0
 
 
@@ -91,6 +93,25 @@ def run_fields(run: Run) -> list[tuple[str, str]]:
         ("capture", ", ".join((meta.get("config") or {}).get("capture", ())) or "-"),
     ]
     return fields
+
+
+def reach_fields(run: Run) -> list[tuple[str, str]]:
+    """The last step each table holds, where a run that did not finish may have left them apart.
+
+    A writer killed between two files of one flush leaves, say, statistics to step 309 and
+    scalars to step 298: the reader shows what each holds rather than guess.
+    """
+    if run.meta.get("status") not in ("running", "crashed", "failed"):
+        return []
+    import pandas
+
+    rank = _queries.lowest_rank(run)
+    reached = []
+    for table in ("stats", "scalars", "alerts"):
+        frame = run.sql(f"select max(step) as last from {table} where rank = $rank", {"rank": rank})
+        last = frame["last"].iloc[0]
+        reached.append(f"{table} none" if pandas.isna(last) else f"{table} to step {int(last)}")
+    return [("tables", ", ".join(reached))]
 
 
 def cost_fields(meta: dict[str, Any]) -> list[tuple[str, str]]:

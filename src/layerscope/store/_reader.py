@@ -8,6 +8,7 @@ The ranks of a distributed job write a directory each inside the run (see ``_lay
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,7 @@ from layerscope.store._layout import (
 from layerscope.store._segment_checks import SegmentChecks
 from layerscope.store._sql import Database, create_view, duckdb_url
 from layerscope.store._status import combine_metas
+from layerscope.store._temporaries import remove_stale_temporaries
 
 if TYPE_CHECKING:
     import pandas
@@ -83,6 +85,7 @@ class Run:
         self.meta: dict[str, Any] = combine_metas(
             {rank: rank_meta for rank, (_, rank_meta) in metas.items()}
         )
+        self._remove_temporaries(metas)
         self._segments = SegmentChecks(
             self._fs, {place: (rank, rank_meta) for rank, (place, rank_meta) in metas.items()}
         )
@@ -119,6 +122,19 @@ class Run:
                 continue
             metas[meta.get("rank", rank) if place == self._root else rank] = (place, meta)
         return metas
+
+    def _remove_temporaries(self, metas: dict[int, tuple[str, dict[str, Any]]]) -> None:
+        """Remove what writers killed mid-rename left, in the places no writer holds now.
+
+        A rank that finished, failed or crashed writes nothing more: a temporary there (a
+        compaction's, most often: megabytes) is garbage. A reader on read-only storage
+        leaves it.
+        """
+        status = {entry["rank"]: entry["status"] for entry in self.meta["ranks"]}
+        for rank, (place, _) in metas.items():
+            if status.get(rank) in ("finished", "failed", "crashed"):
+                with contextlib.suppress(OSError):
+                    remove_stale_temporaries(self._fs, place)
 
     def _skip(self, path: str, reason: str) -> None:
         """Leave ``path`` out, with a warning the first time and a line in ``skipped``."""
@@ -406,4 +422,3 @@ def load(path: str | os.PathLike[str], ranks: str = "each") -> Run:
             ``"merge"``.
     """
     return Run(path, ranks)
-
