@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from layerscope.plots._select import Modules, figure, read_rows
+from layerscope.store._damage import check_fits
 
 if TYPE_CHECKING:
     import pandas
@@ -55,6 +56,7 @@ def widen(lo: object, counts: object, slots: int) -> np.ndarray:
         return row
     values = np.asarray(counts, dtype=np.float64)
     start = int(lo)  # type: ignore[call-overload]  # an int16 from the store
+    check_fits(start, len(values), slots)
     row[start : start + len(values)] = values
     return row
 

@@ -18,6 +18,7 @@ from layerscope._modules import CallEvent
 from layerscope.health._alert import Alert
 from layerscope.sinks._rows import StatsRows
 from layerscope.store._arrays import float_lists, floats, lists, numeric, strings
+from layerscope.store._damage import check_fits
 
 # The statistics that are counts; the others are float64.
 _COUNT_STATS = frozenset(("numel", "nan_count", "inf_count"))
@@ -237,6 +238,7 @@ def widen_histograms(frame: Any, slots: int) -> None:
             continue
         row = np.zeros(slots, dtype=np.int64)
         start = int(lo)
+        check_fits(start, len(counts), slots)
         row[start : start + len(counts)] = counts
         full.append(row)
     frame["hist"] = full

@@ -15,6 +15,7 @@ import pandas
 from layerscope.plots._histograms import histogram_edges, magnitude_slots, occupied_range, widen
 from layerscope.plots._select import PICKED_MODULES
 from layerscope.store import Run
+from layerscope.store._damage import check_fits
 from layerscope.ui._encode import integers, numbers, pack
 from layerscope.ui._query import Selection, check_module
 
@@ -87,7 +88,9 @@ def _color_dim(
         columns = np.searchsorted(buckets, rows["bucket"].to_numpy(dtype=np.int64))
         steps = rows["steps_in_bucket"].to_numpy(dtype=np.float64)
         per_step = rows["count"].to_numpy(dtype=np.float64) / steps
-        counts[rows["slot"].to_numpy(dtype=np.int64), columns] = per_step
+        slots = rows["slot"].to_numpy(dtype=np.int64)
+        check_fits(int(slots.min()), int(slots.max() - slots.min() + 1), len(edges))
+        counts[slots, columns] = per_step
         spans = rows.groupby("bucket").agg(first=("first", "min"), last=("last", "max"))
         first, last = integers(spans["first"]), integers(spans["last"])
     shown = occupied_range(counts, magnitude_slots(edges), edges)
