@@ -238,6 +238,19 @@ def test_a_compactions_temporary_goes_when_the_run_is_read(run_dir):
     assert users.exists()
 
 
+def test_a_killed_writers_reserve_goes_when_the_run_is_read(run_dir):
+    reserve = run_dir / ".run.json.reserve"
+    reserve.write_bytes(b"x" * 65536)
+
+    def crashed(meta):
+        meta.update(status="running", ended=None, host="elsewhere.invalid", pid=1)
+        meta.update(updated=0.0, heartbeat_seconds=1.0)
+
+    edit_json(run_dir / "run.json", crashed)
+    assert layerscope.load(run_dir).meta["status"] == "crashed"
+    assert not reserve.exists()
+
+
 def test_a_running_writers_temporary_is_left_alone(run_dir):
     stale = run_dir / "stats" / ".data-000001-000004.parquet.0123abcd.tmp"
     stale.write_bytes(b"x")

@@ -27,6 +27,7 @@ from layerscope.store._layout import (
     directory_rank,
     files_to_read,
 )
+from layerscope.store._run_meta import RunFile
 from layerscope.store._segment_checks import SegmentChecks
 from layerscope.store._sql import Database, create_view, duckdb_url
 from layerscope.store._status import combine_metas
@@ -124,17 +125,18 @@ class Run:
         return metas
 
     def _remove_temporaries(self, metas: dict[int, tuple[str, dict[str, Any]]]) -> None:
-        """Remove what writers killed mid-rename left, in the places no writer holds now.
+        """Remove what killed writers left, in the places no writer holds now.
 
         A rank that finished, failed or crashed writes nothing more: a temporary there (a
-        compaction's, most often: megabytes) is garbage. A reader on read-only storage
-        leaves it.
+        compaction's, most often: megabytes) and its ``run.json``'s reserve are garbage. A
+        reader on read-only storage leaves them.
         """
         status = {entry["rank"]: entry["status"] for entry in self.meta["ranks"]}
         for rank, (place, _) in metas.items():
             if status.get(rank) in ("finished", "failed", "crashed"):
                 with contextlib.suppress(OSError):
                     remove_stale_temporaries(self._fs, place)
+                    RunFile(self._fs, place).release_reserve()  # a killed writer's
 
     def _skip(self, path: str, reason: str) -> None:
         """Leave ``path`` out, with a warning the first time and a line in ``skipped``."""

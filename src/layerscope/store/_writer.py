@@ -29,7 +29,8 @@ from layerscope.store._layout import (
     rank_directory,
     segment_name,
 )
-from layerscope.store._run_meta import opening_meta
+from layerscope.store._run_meta import RunFile, last_step_field, opening_meta
+from layerscope.store._temporaries import remove_stale_temporaries
 
 
 class ParquetStore:
@@ -41,6 +42,31 @@ class ParquetStore:
     last flush. ``close`` compacts each table into one file. An ``OSError`` (a full disk, a
     vanished directory) drops the rows of that flush, counts them in ``run.json`` and warns
     once; training goes on.
+
+    A full disk must not cost ``run.json`` too: a run that ended well would read as crashed,
+    its lost rows uncounted. So the store holds a reserve, a hidden ``.run.json.reserve`` of
+    64 KiB (four times ``run.json`` if that is more) beside ``run.json`` (see
+    ``_run_meta.RunFile``), made with the rank's files:
+
+    - when ``run.json`` cannot be written, the reserve is removed and ``run.json`` written
+      again in the space it freed;
+    - rows are written only while the reserve is there: a flush with rows first makes it
+      again if it was given up, and if there is no room for it yet, drops its rows (counted,
+      one failure) without trying them, so that the freed space stays for ``run.json``. Once
+      space is back, the reserve is made again and rows are written again;
+    - ``close`` tries the last ``run.json`` five times over 1.5 s, and removes the reserve
+      whatever happened (``discard`` too).
+
+    So after a full disk, ``run.json`` still says how the run ended (``status``), every step
+    trained (``steps``), the rows of the stats table given to the store (``recorded_rows``),
+    those on disk (``written_rows``) and those lost (``dropped_rows``: recorded minus written,
+    plus any the scope lost before they reached the store), the same for scalars, and the
+    scope's ``failures`` (each flush that lost rows is one). ``stats_last_step``,
+    ``scalars_last_step`` and ``alerts_last_step`` hold the last step of each table's rows on
+    disk (null while it has none): after a full disk or a kill, the tables may end at
+    different steps. While the run goes on, every ``run.json`` that can be written carries
+    the store's own counts so far (its dropped rows and scalars, its failed flushes); at
+    ``close`` the scope's are added.
 
     Every rank of a distributed job writes into the same directory: rank 0 at its root, rank
     ``r`` in ``rank-0000r/`` (see ``layerscope.store._layout``). The rank is asked for only
@@ -97,16 +123,20 @@ class ParquetStore:
         self.dropped_rows = 0  # rows of the stats table this store could not write
         self.dropped_scalars = 0  # scalars this store could not write
         self._pending: dict[str, list[Any]] = {table: [] for table in SEGMENTED_TABLES}
+        self._pending_last: dict[str, int] = {}  # the last step of each table's pending rows
         self._calls: Any = None
         self._segments: dict[str, int] = {}
         self._meta: dict[str, Any] = {}
+        self._run_file: RunFile | None = None  # once the rank's files are made
         self._info: RunInfo | None = None
         self._place = ""  # this rank's directory, once its files are made
         self._first_segments: dict[str, int] = {}  # the first segment of each table it wrote
         self._made_root = False  # whether start made the run's directory
         self._discarded = False
+        self._given_rows = 0  # rows of the stats table given to this store
         self._written_rows = 0
         self._written_scalars = 0
+        self._failures = 0  # flushes whose files failed, for run.json until close
         self._steps = 0
         self._in_flight: threading.Thread | None = None
         self._file_error: Exception | None = None
@@ -154,8 +184,10 @@ class ParquetStore:
         self._discarded = True
         self._join_in_flight()
         self._pending = {table: [] for table in SEGMENTED_TABLES}
+        self._pending_last = {}
         self._calls = None
         if self._place:
+            self._release_reserve()
             remove_written(self._fs, self._place, self._first_segments)
             if self._place != self._root:
                 remove_if_empty(self._fs, self._place)
@@ -175,6 +207,7 @@ class ParquetStore:
     def _open(self) -> None:
         """Fix the rank and make its files: table directories, ``modules.json``, ``run.json``.
 
+        Temporaries a killed writer left in the place go first; the reserve is made last.
         Raises ``FileExistsError`` if the rank's place holds a run of another process by now.
         """
         info = self._info
@@ -184,6 +217,10 @@ class ParquetStore:
         self._check_free(place)
         self._place = f"{self._root}/{place}".rstrip("/")
         try:
+            # No writer of this place lives (it would have its run.json there): what a killed
+            # one was writing is no one's.
+            with contextlib.suppress(OSError):  # they only take space; makedirs says what fails
+                remove_stale_temporaries(self._fs, self._place)
             for table in SEGMENTED_TABLES:
                 self._fs.makedirs(self._join(table), exist_ok=True)
                 self._segments[table] = next_segment(self._list(table))
@@ -198,10 +235,14 @@ class ParquetStore:
             modules = [module.to_dict() for module in info.modules]
             payload = json.dumps(modules, indent=1).encode()
             write_bytes(self._fs, self._join(MODULES_FILE), payload)
-            self._write_meta()
+            run_file = RunFile(self._fs, self._place)
+            run_file.write(self._meta)
         except BaseException:
             self._place = ""  # the next rows try again
             raise
+        self._run_file = run_file
+        with contextlib.suppress(OSError):  # no room: the first flush with rows tries again
+            run_file.hold_reserve()
 
     def write(self, records: Records) -> None:
         """Convert the records to Arrow; they are written at the next flush."""
@@ -211,14 +252,22 @@ class ParquetStore:
             return
         if records.stats is not None and len(records.stats):
             self._pending["stats"].append(stats_table(records.stats))
-            self._steps = max(self._steps, int(records.stats.step.max()) + 1)
+            self._given_rows += len(records.stats)
+            self._steps = max(self._steps, self._last("stats", int(records.stats.step.max())) + 1)
         if records.scalars:
             self._pending["scalars"].append(scalars_table(records.scalars, self._rank()))
-            self._steps = max(self._steps, max(step for step, _, _ in records.scalars) + 1)
+            last = self._last("scalars", max(step for step, _, _ in records.scalars))
+            self._steps = max(self._steps, last + 1)
         if records.alerts:
             self._pending["alerts"].append(alerts_table(records.alerts, self._rank()))
+            self._last("alerts", max(alert.step for alert in records.alerts))
         if records.calls:
             self._calls = calls_table(records.calls, self._rank())
+
+    def _last(self, table: str, step: int) -> int:
+        """Keep ``step`` as the last of ``table``'s pending rows if it is later; return it."""
+        self._pending_last[table] = max(step, self._pending_last.get(table, step))
+        return step
 
     def flush(self) -> None:
         """Start writing one segment per table that has rows waiting, then ``run.json``.
@@ -241,6 +290,9 @@ class ParquetStore:
             if pieces:
                 self._pending[table] = []
                 tables[table] = pyarrow.concat_tables(pieces, promote_options="permissive")
+        # Counted once a table's segment is on disk, from its rows (not Arrow: pyarrow.compute
+        # costs 9 MB of memory).
+        last_steps = {table: self._pending_last.pop(table) for table in tables}
         calls, self._calls = self._calls, None
         if not self._place:
             if not tables and calls is None:
@@ -252,10 +304,11 @@ class ParquetStore:
             except Exception:
                 for table, data in tables.items():
                     self._count_dropped(table, data.num_rows)
+                self._failures += 1
                 raise
         thread = threading.Thread(
             target=self._write_segments,
-            args=(tables, calls, self._steps),
+            args=(tables, last_steps, calls, self._steps),
             name="layerscope-files",
             daemon=True,  # the atexit close of a scope still flushes through it
         )
@@ -287,86 +340,131 @@ class ParquetStore:
         error, self._file_error = self._file_error, None
         return error
 
-    def _write_segments(self, tables: dict[str, Any], calls: Any, steps: int) -> None:
+    def _write_segments(
+        self, tables: dict[str, Any], last_steps: dict[str, int], calls: Any, steps: int
+    ) -> None:
         """Write each table's segment, then ``run.json``; a table that fails drops its rows."""
         started = time.thread_time()
         try:
-            self._write_each(tables, calls, steps)
+            self._write_each(tables, last_steps, calls, steps)
         finally:
             self._file_seconds += time.thread_time() - started
 
-    def _write_each(self, tables: dict[str, Any], calls: Any, steps: int) -> None:
+    def _write_each(
+        self, tables: dict[str, Any], last_steps: dict[str, int], calls: Any, steps: int
+    ) -> None:
+        error: Exception | None = None
+        if tables or calls is not None:
+            try:
+                self._hold_reserve()
+            except OSError as no_room:  # the disk is full still: its space is run.json's
+                error = no_room
+                for table, data in tables.items():
+                    self._count_dropped(table, data.num_rows)
+                tables, calls = {}, None
         for table, data in tables.items():
             index = self._segments[table]
             try:
                 self._write_table(f"{table}/{segment_name(index)}", data)
-            except Exception as error:  # raised again by the next flush, on the writer thread
+            except Exception as failed:  # raised again by the next flush, on the writer thread
                 self._count_dropped(table, data.num_rows)
-                self._file_error = self._file_error or error
+                error = error or failed
                 continue
             self._segments[table] = index + 1
-            if table == "stats":
-                self._written_rows += data.num_rows
-            elif table == "scalars":
-                self._written_scalars += data.num_rows
-        try:
-            if calls is not None:
+            self._count_written(table, data.num_rows, last_steps[table])
+        if calls is not None:
+            try:
                 self._write_table(CALLS_FILE, calls)
+            except Exception as failed:
+                error = error or failed
+        if error is not None:
+            self._failures += 1
+        try:
             self._meta.update(
                 updated=time.time(),
                 steps=steps,
+                recorded_rows=self._given_rows,
                 written_rows=self._written_rows,
                 dropped_rows=self.dropped_rows,
                 written_scalars=self._written_scalars,
                 dropped_scalars=self.dropped_scalars,
+                failures=self._failures,
             )
             self._write_meta()
-        except Exception as error:
-            self._file_error = self._file_error or error
+        except Exception as failed:
+            if error is None:
+                self._failures += 1
+                error = failed
+        self._file_error = self._file_error or error
+
+    def _count_written(self, table: str, rows: int, last_step: int) -> None:
+        """Count a segment's rows as written, and the last step its table holds on disk."""
+        if table == "stats":
+            self._written_rows += rows
+        elif table == "scalars":
+            self._written_scalars += rows
+        field = last_step_field(table)
+        held = self._meta[field]
+        self._meta[field] = last_step if held is None else max(held, last_step)
 
     def close(self, summary: RunSummary) -> None:
         """Write what waits, compact each table into one file and record how the run ended.
 
         A run that wrote no rows gets its files now: it existed, and ``run.json`` says how it
-        ended.
+        ended. An error of the last flush or of compaction is raised once ``run.json`` says
+        so (it counts it in ``failures``, as the scope will).
         """
         if self._discarded:
             return
+        late: Exception | None = None
         try:
             self.flush()
+        except Exception as error:  # raised below, once run.json is written
+            late = error
         finally:
             # Whatever flush raised, no segment may still be on its way when compaction starts.
-            late = self._join_in_flight()
-            if not self._place:
-                self._open()  # raises where another run is: nothing of it is touched
-            for table in SEGMENTED_TABLES:
-                # Compacting a long run takes a while: a heartbeat before each table, so that
-                # no reader takes the run for a crashed one meanwhile.
-                with contextlib.suppress(OSError):  # the last write below says what failed
-                    self._meta.update(updated=time.time())
-                    self._write_meta()
-                try:
-                    self._compact(table)
-                except Exception as error:  # its segments stay, as readable as before
-                    late = late or error
-            self._meta.update(
-                status=summary.status,
-                ended=summary.ended,
-                updated=time.time(),
-                steps=max(self._steps, summary.steps),
-                recorded_rows=summary.recorded_rows,
-                written_rows=self._written_rows,
-                dropped_rows=self.dropped_rows + summary.dropped_rows,
-                written_scalars=self._written_scalars,
-                dropped_scalars=self.dropped_scalars + summary.dropped_scalars,
-                failures=summary.failures,
-                cost_seconds=summary.cost_seconds,
-                writer_seconds=summary.writer_seconds + self._file_seconds,
-                kernel=summary.kernel,
-            )
-            self._write_meta()
+            in_flight = self._join_in_flight()
+            late = late or in_flight
+            try:
+                late = self._finish(summary, late)
+            finally:
+                self._release_reserve()
         if late is not None:
             raise late
+
+    def _finish(self, summary: RunSummary, late: Exception | None) -> Exception | None:
+        """Compact the tables and write the last ``run.json``; the error ``close`` raises."""
+        if not self._place:
+            self._open()  # raises where another run is: nothing of it is touched
+        for table in SEGMENTED_TABLES:
+            # Compacting a long run takes a while: a heartbeat before each table, so that
+            # no reader takes the run for a crashed one meanwhile.
+            with contextlib.suppress(OSError):  # the last write below says what failed
+                self._meta.update(updated=time.time())
+                self._write_meta()
+            try:
+                self._compact(table)
+            except Exception as error:  # its segments stay, as readable as before
+                late = late or error
+        self._meta.update(
+            status=summary.status,
+            ended=summary.ended,
+            updated=time.time(),
+            steps=max(self._steps, summary.steps),
+            recorded_rows=summary.recorded_rows,
+            written_rows=self._written_rows,
+            dropped_rows=self.dropped_rows + summary.dropped_rows,
+            written_scalars=self._written_scalars,
+            dropped_scalars=self.dropped_scalars + summary.dropped_scalars,
+            # The error this close raises is one more: the scope counts it once it is raised.
+            failures=summary.failures + (0 if late is None else 1),
+            cost_seconds=summary.cost_seconds,
+            writer_seconds=summary.writer_seconds + self._file_seconds,
+            kernel=summary.kernel,
+        )
+        assert self._run_file is not None, "opened above"
+        self._run_file.write_last(self._meta)
+        return late
 
     # ------------------------------------------------------------------ files
 
@@ -379,8 +477,17 @@ class ParquetStore:
         write_parquet(self._fs, self._join(relative), [data], data.schema)
 
     def _write_meta(self) -> None:
-        payload = json.dumps(self._meta, indent=1, default=str).encode()
-        write_bytes(self._fs, self._join(RUN_FILE), payload)
+        assert self._run_file is not None, "_open() first"
+        self._run_file.write(self._meta)
+
+    def _hold_reserve(self) -> None:
+        assert self._run_file is not None, "_open() first"
+        self._run_file.hold_reserve()
+
+    def _release_reserve(self) -> None:
+        if self._run_file is not None:
+            with contextlib.suppress(OSError):  # nothing more to do about it
+                self._run_file.release_reserve()
 
     def _list(self, table: str) -> list[str]:
         return file_names(self._fs, self._join(table))
