@@ -60,6 +60,12 @@ class Run:
             ``"crashed"`` if a rank crashed (a rank still marked running whose process is gone,
             or whose heartbeat stopped), else ``"failed"`` if one failed, ``"running"`` if one
             runs, ``"finished"`` once all finished.
+        skipped: the files left out so far, path -> why: damaged, of another table, rank
+            or program, a copy of another file; and each table folder whose files hold fewer
+            rows than ``run.json`` counts as written. It grows as tables are read.
+
+    Raises:
+        RunFileError: the run's ``run.json`` is damaged or holds a field of the wrong type.
     """
 
     def __init__(self, path: str | os.PathLike[str], ranks: str = "each") -> None:
