@@ -34,6 +34,8 @@ EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 
 COMMANDS: tuple[Subcommand, ...] = (_demo, _summary, _diff, _runs, _plot, _serve, _report, _export)
+# Commands that print no tables: ``--plain`` would change nothing.
+_NO_TABLES: tuple[Subcommand, ...] = (_serve,)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,11 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         subparser = command.add_parser(subparsers)
-        subparser.add_argument(
-            "--plain",
-            action="store_true",
-            help="plain aligned text, also on a terminal (the default where output is not one)",
-        )
+        if command not in _NO_TABLES:
+            subparser.add_argument(
+                "--plain",
+                action="store_true",
+                help="plain aligned text, also on a terminal (the default where output is not one)",
+            )
         subparser.set_defaults(handler=command.run)
     return parser
 

@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from layerscope.cli import _format, _queries
+from layerscope.cli._arguments import PHASES, count
 from layerscope.cli._compare import Comparison, Difference, compare
 from layerscope.cli._console import Column, Table, open_output
 from layerscope.cli._layers import in_model_order, module_types, shown_name
@@ -31,13 +32,13 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("run_a", metavar="RUN_A", help="the first run's directory")
     parser.add_argument("run_b", metavar="RUN_B", help="the second run's directory")
-    parser.add_argument("--phase", default="train", help="train (default) or eval")
+    parser.add_argument("--phase", default="train", choices=PHASES, help="train (default) or eval")
     parser.add_argument("--step", type=int, help="compare this step, which both runs recorded")
     parser.add_argument(
         "--kind", action="append", choices=_queries.KIND_NAMES, help="only this kind (repeatable)"
     )
     parser.add_argument(
-        "--top", type=int, default=30, metavar="N", help="show the N first rows (0: all)"
+        "--top", type=count, default=30, metavar="N", help="show the N first rows (0: all)"
     )
     return parser
 

@@ -18,6 +18,7 @@ import torch
 from layerscope._identities import SENTINEL_STATS, Form, Identities, Identity
 from layerscope._kinds import Kind
 from layerscope._ranks import ProcessRank
+from layerscope.cli._arguments import RUN_METAVAR
 from layerscope.cli._console import open_output
 from layerscope.cli._open import CommandError, open_run
 from layerscope.health._alert import Alert
@@ -47,7 +48,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
             "would have during training. Rows of one rank are sent (default: rank 0)."
         ),
     )
-    parser.add_argument("run", metavar="RUN", help="the run's directory (or fsspec URL)")
+    parser.add_argument("run", metavar=RUN_METAVAR, help="the run's directory (or fsspec URL)")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--tensorboard", metavar="DIR", help="write TensorBoard event files")
     target.add_argument("--wandb", action="store_true", help="log to a new W&B run")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from layerscope.cli._arguments import PHASES, RUN_METAVAR, regex
 from layerscope.cli._console import Column, Table, open_output
 from layerscope.cli._open import CommandError, open_run
 from layerscope.cli._queries import KIND_NAMES
@@ -49,15 +50,17 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
             "has them. A figure the run has no data for is skipped with a line saying why."
         ),
     )
-    parser.add_argument("run", help="the run's directory (or fsspec URL)")
+    parser.add_argument("run", metavar=RUN_METAVAR, help="the run's directory (or fsspec URL)")
     parser.add_argument(
         "--kind",
         action="append",
         choices=KIND_NAMES,
         help="draw this kind's figures (repeatable; default: activation and grad)",
     )
-    parser.add_argument("--modules", help="a regex: only the modules whose names it matches")
-    parser.add_argument("--phase", default="train", choices=("train", "eval"))
+    parser.add_argument(
+        "--modules", type=regex, help="a regex: only the modules whose names it matches"
+    )
+    parser.add_argument("--phase", default="train", choices=PHASES)
     parser.add_argument("--out", help="the folder to write into (default: RUN/plots)")
     parser.add_argument("--dpi", type=int, default=100, help="resolution (default: 100)")
     return parser

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from layerscope.cli._arguments import RUN_METAVAR, new_file
 from layerscope.cli._open import open_run
 
 if TYPE_CHECKING:
@@ -22,9 +23,14 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "with interactive charts; it opens in a browser without a network. "
         "Needs: pip install 'layerscope[ui]'.",
     )
-    parser.add_argument("path", metavar="RUN", help="the run's directory")
+    parser.add_argument("path", metavar=RUN_METAVAR, help="the run's directory")
     parser.add_argument(
-        "-o", "--output", required=True, metavar="FILE", help="the HTML file to write"
+        "-o",
+        "--output",
+        required=True,
+        type=new_file,
+        metavar="FILE",
+        help="the HTML file to write",
     )
     parser.add_argument(
         "--compare", metavar="OTHER", help="another run of the same model, shown beside it"

@@ -45,5 +45,9 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"{args.dir} is a run: serve the folder that holds it ({parent})")
     if not 0 <= args.port <= 65535:
         raise CommandError(f"--port: expected 0 to 65535, got {args.port}")
-    _server.serve(args.dir, host=args.host, port=args.port)
+    try:
+        _server.serve(args.dir, host=args.host, port=args.port)
+    except OSError as error:  # the address: in use, or not this machine's
+        reason = error.strerror or str(error)
+        raise CommandError(f"cannot listen on {args.host}:{args.port}: {reason}") from None
     return 0

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from layerscope.cli import _format, _queries
 from layerscope.cli._alerts import alerts_table, count_line, severity_counts
+from layerscope.cli._arguments import PHASES, RUN_METAVAR, count
 from layerscope.cli._console import Output, open_output
 from layerscope.cli._layer_table import OVERVIEW, layers_table, measures_of
 from layerscope.cli._layers import module_types
@@ -31,8 +32,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
             "first recorded step, and its alerts."
         ),
     )
-    parser.add_argument("run", help="the run's directory (or fsspec URL)")
-    parser.add_argument("--phase", default="train", help="train (default) or eval")
+    parser.add_argument("run", metavar=RUN_METAVAR, help="the run's directory (or fsspec URL)")
+    parser.add_argument("--phase", default="train", choices=PHASES, help="train (default) or eval")
     parser.add_argument(
         "--kind",
         action="append",
@@ -41,7 +42,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("--rank", type=int, help="the rank to show (default: the lowest)")
     parser.add_argument(
-        "--alerts", type=int, default=20, metavar="N", help="show the first N alerts (0: all)"
+        "--alerts", type=count, default=20, metavar="N", help="show the first N alerts (0: all)"
     )
     return parser
 

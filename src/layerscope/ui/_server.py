@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 from layerscope._imports import require
@@ -10,9 +11,15 @@ from layerscope.ui._app import create_app, is_loopback
 
 
 def serve(root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8765) -> None:
-    """Serve the runs under ``root`` at ``http://host:port`` until interrupted."""
+    """Serve the runs under ``root`` at ``http://host:port`` until interrupted.
+
+    Raises:
+        OSError: the address cannot be had (a port in use, say): nothing was printed.
+    """
     uvicorn = require("uvicorn", "ui")
     app = create_app(root, host=host)
+    # Bound before a word is printed: a taken port is an error, not "serving ..." then one.
+    listening = bound_socket(host, port)
     if not is_loopback(host):
         print(
             f"warning: serving {os.fspath(root)} on {host}, reachable from other machines: "
@@ -20,5 +27,21 @@ def serve(root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 
             file=sys.stderr,
         )
     shown = f"[{host}]" if ":" in host else host
+    port = listening.getsockname()[1]  # the one the system chose, for port 0
     print(f"layerscope: serving {os.fspath(root)} at http://{shown}:{port}/", file=sys.stderr)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    with listening:
+        server.run(sockets=[listening])
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port``, as uvicorn would bind it; OSError if it cannot."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind((host, port))
+    except OSError:
+        listening.close()
+        raise
+    return listening
