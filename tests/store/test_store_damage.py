@@ -272,3 +272,29 @@ def test_a_killed_runs_summary_says_where_each_table_ends(run_dir, capsys):
     assert main(["summary", str(run_dir), "--plain"]) == 0
     out = capsys.readouterr().out
     assert "tables    stats to step 3, scalars to step 2, alerts none" in out
+
+
+def test_a_run_is_not_written_among_other_files(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep")
+    model = nn.Linear(2, 2)
+    with pytest.raises(FileExistsError, match=r"holds files that are not a run's \(notes\.txt\)"):
+        layerscope.watch(model, run=folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    assert not model._forward_hooks
+
+
+def test_a_run_path_that_is_a_file_is_refused_as_such(tmp_path):
+    path = tmp_path / "a-file"
+    path.write_text("keep")
+    with pytest.raises(FileExistsError, match="is a file"):
+        layerscope.watch(nn.Linear(2, 2), run=path)
+    assert path.read_text() == "keep"
+
+
+def test_a_new_or_empty_directory_takes_a_run(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for path in (tmp_path / "empty", tmp_path / "new"):
+        record(path, steps=1)
+        assert layerscope.load(path).meta["status"] == "finished"

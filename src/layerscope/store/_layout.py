@@ -29,6 +29,8 @@ RUN_FILE = "run.json"
 MODULES_FILE = "modules.json"
 CALLS_FILE = "calls.parquet"
 SEGMENTED_TABLES = ("stats", "scalars", "alerts")
+#: What a rank writes in its place; whole tensors (``watch(tensors=...)``) go in ``tensors``.
+RUN_ENTRIES = frozenset((RUN_FILE, MODULES_FILE, CALLS_FILE, *SEGMENTED_TABLES, "tensors"))
 
 _RANK_DIRECTORY = re.compile(r"^rank-(\d{5,})$")
 _SEGMENT = re.compile(r"^seg-(\d{6,})\.parquet$")

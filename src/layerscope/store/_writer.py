@@ -23,8 +23,10 @@ from layerscope.store._files import (
 from layerscope.store._layout import (
     CALLS_FILE,
     MODULES_FILE,
+    RUN_ENTRIES,
     RUN_FILE,
     SEGMENTED_TABLES,
+    directory_rank,
     next_segment,
     rank_directory,
     segment_name,
@@ -155,7 +157,8 @@ class ParquetStore:
         files are made when its first rows are written; see ``_open``.
 
         Raises:
-            FileExistsError: a run is there already.
+            FileExistsError: a run is there already, the path is a file, or a directory
+                holding files that are not a run's.
             OSError: the directory cannot be made.
         """
         require("pyarrow", "dataframe")
@@ -166,6 +169,7 @@ class ParquetStore:
         known = info.place.peek()
         place = rank_directory(known[0]) if known is not None else ""
         self._check_free(place)
+        self._check_own_directory()
         try:
             self._made_root = not self._fs.exists(self._root)
             self._fs.makedirs(self._root, exist_ok=True)
@@ -202,6 +206,33 @@ class ParquetStore:
             raise FileExistsError(
                 f"run: {self.path} already holds a run{whose}; layerscope never overwrites "
                 f"one. Pass a new directory."
+            )
+
+    def _check_own_directory(self) -> None:
+        """Raise ``FileExistsError`` unless the root is new, empty, or only a run's files.
+
+        A run gets a directory of its own: written among a user's files, its compaction and
+        a later ``layerscope`` would share the folder with them. Other ranks' files, and what
+        a killed writer of this run left, are a run's.
+        """
+        if not self._fs.exists(self._root):
+            return
+        if not self._fs.isdir(self._root):
+            raise FileExistsError(
+                f"run: {self.path} is a file; pass a directory that is new or empty"
+            )
+        foreign = sorted(
+            name
+            for name in file_names(self._fs, self._root)
+            if name not in RUN_ENTRIES
+            and directory_rank(name) is None
+            and not name.startswith(".")  # reserve and temporaries of a killed writer
+        )
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            raise FileExistsError(
+                f"run: {self.path} holds files that are not a run's ({shown}); pass a "
+                f"directory that is new or empty"
             )
 
     def _open(self) -> None:
