@@ -251,7 +251,12 @@ class Scope:
             if not (parameters.optimizer_ended or parameters.optimizer_stepping) and clock.trained:
                 self._finish_step(skipped=True)
             parameters.optimizer_ended = False
-            self._recorder.add_scalars(clock.step if clock.ended is None else clock.ended, scalars)
+            ended = clock.ended
+            self._recorder.add_scalars(clock.step if ended is None else ended, scalars)
+            if ended is not None and scalars and clock.records(ended):
+                # The step's rows went at its optimizer step: its loss goes now, with them,
+                # not a step later, so a killed run never keeps a step's rows without it.
+                self._flush_so_far()
         finally:
             self._meter.seconds += time.perf_counter() - start
 
@@ -456,7 +461,12 @@ class Scope:
             config={**self.config.to_dict(), "tensors": _spec_dict(self._tensors_spec)},
             modules=self._modules,
             histogram_edges=self.config.histogram_edges(),
+            progress=self._progress,
         )
+
+    def _progress(self) -> tuple[float, str]:
+        """Seconds on the training thread so far and the kernel: asked at each flush."""
+        return self._meter.seconds, kernel_name(device_type(self._root))
 
     def _summary(
         self,

@@ -102,6 +102,10 @@ class StepClock:
         self.recording = self.step_records or after_records
         self.watching = self._watches(self.step)
 
+    def records(self, step: int) -> bool:
+        """Whether ``step`` records (full statistics)."""
+        return bool(self._schedule.records(step))
+
     def _watches(self, step: int) -> bool:
         if not self._has_sentinel:
             return False

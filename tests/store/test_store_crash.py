@@ -55,6 +55,39 @@ def test_a_killed_run_loads_with_every_flushed_step_and_says_it_crashed(tmp_path
     assert run.sql("select count(*) n from stats").n.item() == len(run.stats)
 
 
+KILLED_AFTER_ITS_LOSS = textwrap.dedent(
+    """
+    import os, signal, sys, torch, layerscope
+    from layerscope.store import ParquetStore
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    store = ParquetStore(sys.argv[1], flush_steps=1, flush_seconds=0.05)
+    scope = layerscope.watch(model, optimizer=optimizer, every=1, run=store)
+    for step in range(6):
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scope.step(loss=float(step))
+    scope._pipeline.drain()  # what the scope has sent is on disk
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_a_killed_runs_last_recorded_step_keeps_its_loss(tmp_path):
+    """With optimizer=, a step's rows go at its optimizer step and its loss just after."""
+    path = tmp_path / "run"
+    subprocess.run([sys.executable, "-c", KILLED_AFTER_ITS_LOSS, str(path)], timeout=120)
+    run = layerscope.load(path)
+    assert run.meta["status"] == "crashed"
+    assert sorted(set(run.stats.step)) == list(range(6))
+    assert run.scalars[run.scalars.name == "loss"].step.tolist() == list(range(6))
+    # What a summary shows of it: the rows, the kernel and the cost as of the last flush.
+    assert run.meta["recorded_rows"] == len(run.stats)
+    assert run.meta["kernel"]
+    assert run.meta["cost_seconds"] > 0
+
+
 def test_a_scope_left_open_is_closed_at_exit_and_its_rows_written(tmp_path):
     code = textwrap.dedent(
         """

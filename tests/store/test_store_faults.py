@@ -381,10 +381,10 @@ def test_a_writer_opening_a_place_removes_what_a_killed_writer_left_there(tmp_pa
     ]
     for path in stale:
         path.write_bytes(b"half a file")
-    (place / "notes.txt").write_text("mine")
+    (place / "stats" / ".notes").write_text("mine")  # hidden, not a name layerscope makes
     _train(place, steps=3)
     assert not any(path.exists() for path in stale)
-    assert (place / "notes.txt").read_text() == "mine"
+    assert (place / "stats" / ".notes").read_text() == "mine"
     run = layerscope.load(place)
     assert run.meta["status"] == "finished"
     assert sorted(set(run.stats.step)) == [0, 1, 2]

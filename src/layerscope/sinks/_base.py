@@ -31,6 +31,9 @@ class RunInfo:
     config: dict[str, Any]
     modules: list[ModuleInfo]
     histogram_edges: list[float] | None  # lower edge of each histogram slot, for readers
+    # So far: layerscope's seconds on the training thread and the statistics kernel, for a
+    # sink that reports while the run goes on (run.json at each flush, read after a kill).
+    progress: Callable[[], tuple[float, str]] | None = None
 
     @property
     def rank(self) -> int:

@@ -421,6 +421,9 @@ class ParquetStore:
                 dropped_scalars=self.dropped_scalars,
                 failures=self._failures,
             )
+            if self._info is not None and self._info.progress is not None:
+                cost, kernel = self._info.progress()
+                self._meta.update(cost_seconds=cost, kernel=kernel or None)
             self._write_meta()
         except Exception as failed:
             if error is None:
