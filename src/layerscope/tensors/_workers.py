@@ -357,7 +357,15 @@ class TensorWorkers:
         self._stop_processes(left)
         self._monitor.join(_TERMINATE_GRACE_S)
         with self._lock:
-            self._abandoned += len(self._pending) + sum(w.holding is not None for w in left)
+            unfinished = len(self._pending) + sum(w.holding is not None for w in left)
+            self._abandoned += unfinished
+            if unfinished and not self._off:
+                self._due_warnings.append(
+                    f"layerscope: on_tensor {self._name} had not finished {unfinished} "
+                    f"queued tensors {timeout:g} s after the run closed; they were dropped "
+                    f"(counted in scope.on_tensor_dropped). scope.close(timeout=...) waits "
+                    f"longer"
+                )
             self._pending.clear()
             self._pending_bytes = 0
             self._workers.clear()
