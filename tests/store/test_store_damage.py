@@ -215,7 +215,8 @@ def test_a_table_holding_fewer_rows_than_written_is_named(run_dir, damage, capsy
     written = json.loads((run_dir / "run.json").read_text())["written_rows"]
     reason = run.skipped[str(run_dir / "stats")]
     if damage == "emptied":
-        assert reason.startswith(f"its files hold 0 rows where run.json counts {written}")
+        expected = f"there is no file: it holds 0 rows where run.json counts {written}"
+        assert reason.startswith(expected)
     else:
         assert reason == "a file where the stats folder should be"
     assert any(str(run_dir / "stats") in str(w.message) for w in warned)
@@ -298,3 +299,60 @@ def test_a_new_or_empty_directory_takes_a_run(tmp_path):
     for path in (tmp_path / "empty", tmp_path / "new"):
         record(path, steps=1)
         assert layerscope.load(path).meta["status"] == "finished"
+
+
+@pytest.mark.parametrize("table", ["stats", "scalars"])
+def test_a_missing_table_folder_is_named(run_dir, table):
+    shutil.rmtree(run_dir / table)
+    run = layerscope.load(run_dir)
+    with pytest.warns(LayerscopeWarning, match=f"{table}, which cannot be read"):
+        assert getattr(run, table).empty
+    assert "there is no file: it holds 0 rows" in run.skipped[str(run_dir / table)]
+
+
+def test_alerts_removed_are_named_by_the_step_run_json_says_they_reach(run_dir):
+    edit_json(run_dir / "run.json", lambda meta: meta.update(alerts_last_step=2))
+    run = layerscope.load(run_dir)
+    with pytest.warns(LayerscopeWarning, match="alerts"):
+        assert run.alerts.empty
+    reason = run.skipped[str(run_dir / "alerts")]
+    assert reason == (
+        "there is no file: it holds 0 rows where run.json says they reach step 2: files were "
+        "removed or replaced"
+    )
+
+
+def test_a_rank_directory_without_run_json_is_left_out_and_named(run_dir):
+    rank_dir = run_dir / "rank-00001"
+    shutil.copytree(run_dir / "stats", rank_dir / "stats")
+    run = layerscope.load(run_dir)
+    with pytest.warns(LayerscopeWarning, match="rank-00001"):
+        stats = run.stats
+    assert set(stats["rank"]) == {0}
+    assert run.skipped == {str(rank_dir): "no run.json there: its files are left out"}
+    assert [entry["rank"] for entry in run.meta["ranks"]] == [0]
+
+
+def test_a_module_listed_twice_is_named(run_dir):
+    tree = json.loads((run_dir / "modules.json").read_text())
+    (run_dir / "modules.json").write_text(json.dumps(tree + tree[:1]))
+    with pytest.raises(RunFileError, match=r"\[4\]\.name: '' is listed twice"):
+        _ = layerscope.load(run_dir).modules
+
+
+@pytest.mark.parametrize("damage", ["garbage", "folder"])
+def test_summary_of_a_run_with_damaged_modules_json_names_it_and_shows_the_rest(
+    run_dir, damage, capsys
+):
+    (run_dir / "modules.json").unlink()
+    if damage == "garbage":
+        (run_dir / "modules.json").write_bytes(b"\xff{")
+    else:
+        (run_dir / "modules.json").mkdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", LayerscopeWarning)
+        assert main(["summary", str(run_dir), "--plain"]) == 0
+    captured = capsys.readouterr()
+    assert f"{run_dir}/modules.json" in captured.err
+    assert "Traceback" not in captured.err
+    assert "layers (phase train" in captured.out  # the rows are shown all the same

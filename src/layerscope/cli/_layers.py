@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from layerscope.store._damage import RunFileError, warn_damaged
+
 if TYPE_CHECKING:
     from layerscope.store import Run
 
@@ -15,11 +17,18 @@ def module_types(run: Run) -> dict[str, str]:
     """Each module's class name by module name, in model order; empty if no tree was written.
 
     A run that crashed before writing ``modules.json`` still has its rows: its layers are
-    then shown in name order (see ``in_model_order``).
+    then shown in name order (see ``in_model_order``). A damaged one is named in a warning,
+    and the layers shown the same way.
     """
     try:
         return {module.name: module.type for module in run.modules}
     except FileNotFoundError:
+        return {}
+    except RunFileError as error:
+        warn_damaged(error.path, f"{error.field}: {error.reason}" if error.field else error.reason)
+        return {}
+    except OSError as error:
+        warn_damaged(str(error.filename), str(error.strerror))
         return {}
 
 

@@ -96,6 +96,7 @@ def check_modules(path: str, entries: Any) -> list[ModuleInfo]:
     if not isinstance(entries, list):
         raise RunFileError(path, f"expected a JSON list of modules, got {_shown(entries)}")
     tree = []
+    seen: set[str] = set()
     for index, entry in enumerate(entries):
         where = f"[{index}]"
         if not isinstance(entry, dict):
@@ -112,6 +113,9 @@ def check_modules(path: str, entries: Any) -> list[ModuleInfo]:
             if name not in entry:
                 raise RunFileError(path, "missing", f"{where}.{name}")
             field.check(f"{where}.{name}", entry[name], test, expected)
+        if entry["name"] in seen:
+            raise RunFileError(path, f"{entry['name']!r} is listed twice", f"{where}.name")
+        seen.add(entry["name"])
         tree.append(
             ModuleInfo(
                 name=entry["name"],

@@ -166,6 +166,8 @@ class Run:
             RunFileError: ``modules.json`` is damaged or holds a field of the wrong type.
         """
         path = f"{self._meta_place}/{MODULES_FILE}"
+        if self._fs.isdir(path):
+            raise RunFileError(path, "a folder where the file should be")
         with self._fs.open(path, "rb") as file:
             payload = file.read()
         return check_modules(path, parse_json(path, payload))
@@ -366,24 +368,34 @@ class Run:
         """
         paths = []
         for _, place in self._places():
+            if not self._segments.has_meta(place):
+                # Rows no run.json speaks for: of which rank, how many, written by whom?
+                if self._holds_tables(place):
+                    self._skip(place, f"no {RUN_FILE} there: its files are left out")
+                continue
             if table == "calls":
                 names = [CALLS_FILE] if self._fs.exists(f"{place}/{CALLS_FILE}") else []
                 directory = place
             else:
                 directory = f"{place}/{table}"
-                if not self._fs.exists(directory):
-                    continue
-                if not self._fs.isdir(directory):
+                names = []
+                if self._fs.exists(directory) and not self._fs.isdir(directory):
                     self._skip(directory, f"a file where the {table} folder should be")
                     continue
-                listed = self._fs.ls(directory, detail=False)
-                names = files_to_read([p.rstrip("/").rsplit("/", 1)[-1] for p in listed])
+                if self._fs.exists(directory):
+                    listed = self._fs.ls(directory, detail=False)
+                    names = files_to_read([p.rstrip("/").rsplit("/", 1)[-1] for p in listed])
             listing = self._segments.listing(place, table, directory, names)
             for path, reason in listing.skipped:
                 self._skip(path, reason)
             self._rankless |= listing.rankless
             paths += listing.paths
         return paths
+
+    def _holds_tables(self, place: str) -> bool:
+        """Whether ``place`` holds any table of a run (rank directories aside)."""
+        tables = [f"{place}/{table}" for table in SEGMENTED_TABLES]
+        return any(self._fs.exists(path) for path in [*tables, f"{place}/{CALLS_FILE}"])
 
     def _empty(self, table: str) -> Any:
         """An empty Arrow table with the table's columns."""

@@ -89,6 +89,10 @@ class SegmentChecks:
         self._verdicts: dict[str, _Verdict] = {}
         self._owners: dict[bytes, str] = {}  # footer fingerprint -> the first file with it
 
+    def has_meta(self, place: str) -> bool:
+        """Whether ``place`` has a ``run.json`` that was read: its files may be read."""
+        return place in self._places
+
     def listing(self, place: str, table: str, directory: str, names: list[str]) -> Listing:
         """Which of ``names`` (in ``directory``, of ``place``'s rank) to read, in order.
 
@@ -115,15 +119,10 @@ class SegmentChecks:
             listing.paths.append(path)
             if verdict.rankless:
                 listing.rankless.add(path)
-        counted = self._places.get(place, (None, {}))[1].get(_WRITTEN_COUNT.get(table, ""))
-        if isinstance(counted, int) and rows < counted:
-            listing.skipped.append(
-                (
-                    directory,
-                    f"its files hold {rows} rows where run.json counts {counted} written: "
-                    "files were removed or replaced",
-                )
-            )
+        lost = _lost_rows(self._places.get(place, (None, {}))[1], table, rows)
+        if lost is not None:
+            held = "its files hold" if names else "there is no file: it holds"
+            listing.skipped.append((directory, f"{held} {rows} rows {lost}"))
         return listing
 
     def _check(self, path: str, name: str, table: str, rank: int | None) -> _Verdict:
@@ -156,6 +155,18 @@ class SegmentChecks:
             rankless="rank" not in schema.names,
             fingerprint=fingerprint,
         )
+
+
+def _lost_rows(meta: dict[str, Any], table: str, rows: int) -> str | None:
+    """What ``run.json`` says of ``table`` that ``rows`` rows on disk belie, or None."""
+    counted = meta.get(_WRITTEN_COUNT.get(table, ""))
+    if isinstance(counted, int) and rows < counted:
+        return f"where run.json counts {counted} written: files were removed or replaced"
+    last = meta.get(f"{table}_last_step")
+    if table == "alerts" and isinstance(last, int) and rows == 0:
+        # run.json counts no alerts, but says which step the last one on disk is
+        return f"where run.json says they reach step {last}: files were removed or replaced"
+    return None
 
 
 def _schema_fault(schema: Any, table: str) -> str | None:
