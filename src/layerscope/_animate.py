@@ -42,9 +42,12 @@ def animate(
 
     What each frame shows (``what``):
 
-    - ``"histogram"``: the log2 magnitude histogram a run recorded of the tensor (fractions
-      of its elements), the bars moving from step to step, with the step and zero fraction
-      in the title. Statistics only: ``source`` is a run.
+    - ``"histogram"``: the histogram a run recorded of the tensor (fractions of its
+      elements), the bars moving from step to step. A log2 one over log2 |value|, the step
+      and zero fraction in the caption; a linear one (``histogram=("linear", lo, hi, bins)``)
+      in value units from lo to hi, its open slots as hatched bars beyond each end, ticked
+      "< lo" and "≥ hi", their fractions in the caption. Statistics only: ``source`` is a
+      run.
     - ``"heatmap"``: the whole tensor as an image, a diverging colour map centred on 0, the
       colour limits +-(largest finite magnitude over all frames); 3-D (batch, seq, hidden)
       shows the first sample, 4-D (N, C, H, W) the first sample's channels as tiles, large
@@ -116,7 +119,7 @@ def animate(
     if renderer is None:
         if isinstance(source, RecordSet):
             raise ValueError(
-                "what: 'histogram' draws the log2 histograms a run recorded; for the values "
+                "what: 'histogram' draws the histograms a run recorded; for the values "
                 "of captured tensors use what='values'"
             )
         tables = _tables(source)

@@ -8,25 +8,11 @@ import numpy as np
 import pytest
 from matplotlib.colors import LogNorm, to_rgba
 from matplotlib.figure import Figure
-from tests.plots.conftest import LAYERS, reference
+from tests.plots.conftest import LAYERS, assert_lines_match, reference, widened_histograms
 
 import layerscope
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def layer_lines(axes):
-    """The lines labelled by a module name (not the band or reference lines)."""
-    return [line for line in axes.lines if not line.get_label().startswith("_")]
-
-
-def assert_lines_match(axes, expected, layers):
-    lines = layer_lines(axes)
-    assert [line.get_label() for line in lines] == layers
-    for line, name in zip(lines, layers, strict=True):
-        steps, values = expected[name]
-        np.testing.assert_array_equal(line.get_xdata(), steps)
-        np.testing.assert_allclose(line.get_ydata(), values, rtol=1e-12, equal_nan=True)
 
 
 def test_stats_draws_one_line_per_layer_per_statistic(run):
@@ -44,16 +30,6 @@ def test_stats_draws_one_line_per_layer_per_statistic(run):
 def test_modules_by_list_or_regex_keep_model_order(run, modules):
     fig = run.plot.stats(stats=("absmax",), modules=modules)
     assert_lines_match(fig.axes[0], reference(run, "activation", "out", "absmax"), ["0", "2"])
-
-
-def test_dead_chart_is_the_zero_fraction_from_0_to_1(run):
-    fig = run.plot.dead_chart()
-    (axes,) = fig.axes
-    assert_lines_match(axes, reference(run, "activation", "out", "zero_frac"), LAYERS)
-    assert axes.get_ylim() == (0.0, 1.0)
-    assert axes.get_ylabel() == "zero fraction"
-    # The ReLU's output has zeros, the Linear's none: the chart could show either.
-    assert layer_lines(axes)[1].get_ydata().max() > 0
 
 
 def test_heatmap_rows_are_layers_columns_steps(run):
@@ -97,19 +73,6 @@ def test_update_ratio_divides_update_by_weight(run):
 def test_update_ratio_without_updates_names_capture(plain_run):
     with pytest.raises(ValueError, match="capture"):
         plain_run.plot.update_ratio()
-
-
-def widened_histograms(run, module, kind="activation", tensor="out"):
-    """(steps, (256, steps) counts) of one layer, from run.stats' widened histograms."""
-    stats = run.stats
-    rows = stats[
-        (stats["module"] == module)
-        & (stats["kind"] == kind)
-        & (stats["tensor"] == tensor)
-        & ~stats["sentinel"].fillna(False).astype(bool)
-    ].sort_values("step")
-    counts = np.stack([np.asarray(hist, dtype=np.float64) for hist in rows["hist"]], axis=1)
-    return rows["step"].to_numpy(), counts
 
 
 def test_color_dim_images_are_log_counts_of_the_histograms(run):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from layerscope._imports import require
-from layerscope.plots import _histograms, _images, _lines
+from layerscope.plots import _distribution, _images, _lines
 from layerscope.plots._select import Modules
 
 if TYPE_CHECKING:
@@ -66,18 +66,52 @@ class RunPlots:
         phase: str = "train",
         tensor: str | None = None,
     ) -> Figure:
-        """Per layer a panel: its log2 histogram over steps, colour log(1 + count).
+        """Per layer a panel: its histogram over steps, colour log(1 + count).
 
         fastai's "colorful dimension": a healthy layer is a steady band; one collapsing
-        towards zero, or spreading out, shows as a band that sinks or widens.
+        towards zero, or spreading out, shows as a band that sinks or widens. A log2
+        histogram (the default) has rows of log2 |value|, from the lowest to the highest
+        that holds a count (zeros and Infs have no row). A linear one
+        (``histogram=("linear", lo, hi, bins)``) has rows in value units from lo to hi, and
+        beyond each end a band for its open slot, ticked "< lo" and "≥ hi": the values below
+        lo and those at or above hi.
         """
         return _images.color_dim(self.run, kind, modules, phase, tensor)
 
     def dead_chart(
-        self, kind: str = "activation", *, modules: Modules = None, phase: str = "train"
+        self,
+        kind: str = "activation",
+        *,
+        modules: Modules = None,
+        phase: str = "train",
+        threshold: float | None = None,
     ) -> Figure:
-        """Per layer the fraction of exact zeros over steps (dead ReLUs), from 0 to 1."""
-        return _lines.dead_chart(self.run, kind, modules, phase)
+        """Per layer the fraction of its values that are dead over steps, from 0 to 1.
+
+        ``threshold=None`` counts exact zeros (``zero_frac``): a ReLU's dead units. A
+        magnitude counts the values with ``|x| < threshold``, read off the run's log2
+        histograms, as miniai's dead chart counts its histograms' lowest bins: it shows a
+        layer whose outputs collapse towards zero without reaching it (a Conv2d's, a
+        LayerNorm's), where the exact zeros stay at 0. The histogram's slot edges are powers
+        of two: a threshold between two is rounded down to the lower one (1e-3 counts
+        ``|x| < 2**-10``, about 0.000977), so every value counted is below the threshold; the
+        title says the edge used. Fractions are of all the elements counted.
+
+        Lines that lie on each other stay visible: each layer has its own dash pattern, and
+        the first the widest line, each next one narrower, drawn over it.
+
+        Raises:
+            ValueError: ``threshold`` is not finite, below 2**-126 (the lowest slot edge), or
+                the run recorded no log2 histograms (a linear one's bins are of values, not
+                magnitudes).
+            TypeError: ``threshold`` is not a number.
+
+        Example::
+
+            run.plot.dead_chart(modules="relu")  # exact zeros
+            run.plot.dead_chart(modules="conv", threshold=1e-3)  # |x| < 2**-10
+        """
+        return _lines.dead_chart(self.run, kind, modules, phase, threshold)
 
     def heatmap(
         self,
@@ -115,8 +149,13 @@ class RunPlots:
         *,
         phase: str = "train",
     ) -> Figure:
-        """One tensor's distribution at chosen steps (default: a few spread over the run)."""
-        return _histograms.histogram_figure(self.run, module, kind, tensor, steps, phase)
+        """One tensor's distribution at chosen steps (default: a few spread over the run).
+
+        Fractions of its elements per slot: over log2 |value| for a log2 histogram, or in
+        value units from lo to hi for a linear one, with its open slots (values below lo, at
+        or above hi) drawn beyond each end and ticked "< lo" and "≥ hi".
+        """
+        return _distribution.histogram_figure(self.run, module, kind, tensor, steps, phase)
 
     def scalars(self, names: Sequence[str] | str | None = None) -> Figure:
         """Loss and other scalars over steps, a vertical line at each alert, by severity."""

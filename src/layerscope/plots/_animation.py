@@ -2,7 +2,7 @@
 
 Frames are drawn with matplotlib and written by ``_video``. A GIF is kept in memory until
 written (about 150 KB a frame), so one of thousands of steps wants ``steps=`` to choose some.
-``"histogram"`` draws a run's recorded log2 histograms; ``"heatmap"``, ``"pca"`` and
+``"histogram"`` draws a run's recorded histograms (log2 or linear); ``"heatmap"``, ``"pca"`` and
 ``"values"`` draw whole tensors (a capture's, or those a run kept) with the renderers of
 ``layerscope.tensors``.
 """
@@ -16,14 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from layerscope.plots._histograms import (
-    histogram_edges,
-    layer_counts,
-    magnitude_slots,
-    occupied_range,
-    read_histograms,
-)
+from layerscope.plots._histograms import histogram_edges, layer_counts, read_histograms
 from layerscope.plots._select import DEFAULT_TENSOR, check_kind, check_phase
+from layerscope.plots._value_axis import ValueAxis, mark_value_axis, value_axis
 from layerscope.plots._video import write_video
 
 if TYPE_CHECKING:
@@ -59,7 +54,7 @@ def histogram_animation(
     path: Path,
     fps: float,
 ) -> Path:
-    """Write the log2 histogram of one tensor, a frame per step, to ``path``; return it."""
+    """Write the histogram of one tensor, a frame per step, to ``path``; return it."""
     edges = histogram_edges(run)
     layers, frame = read_histograms(run, kind=kind, phase=phase, modules=[module], tensor=tensor)
     recorded, counts = layer_counts(frame, layers[0], len(edges))
@@ -67,19 +62,30 @@ def histogram_animation(
     counts = counts[:, columns]
     totals = counts.sum(axis=0)
     fractions = counts / np.where(totals > 0, totals, 1)
-    shown = occupied_range(counts, magnitude_slots(edges), edges)
-    exponents = np.log2(edges[shown])
+    axis = value_axis(edges, counts)
     title = f"{module or '(root)'} {kind} {tensor or DEFAULT_TENSOR[kind]}"
-    fig, bars, caption = _histogram_frame(exponents, fractions[shown].max(initial=0.0), title)
+    fig, bars, caption = _histogram_frame(axis, fractions[axis.slots].max(initial=0.0), title)
 
     def draw(index: int) -> None:
-        for bar, height in zip(bars, fractions[shown, index], strict=True):
+        for bar, height in zip(bars, fractions[axis.slots, index], strict=True):
             bar.set_height(height)
         step = int(recorded[columns[index]])
-        caption.set_text(f"step {step}\nzeros {fractions[0, index]:.1%}")
+        caption.set_text(f"step {step}\n{_outside(axis, fractions[:, index])}")
 
     _save(fig, draw, len(columns), path, fps)
     return path
+
+
+def _outside(axis: ValueAxis, fractions: np.ndarray) -> str:
+    """The caption's second line: the fractions outside the values of the axis.
+
+    A log2 histogram's zeros have no bar. A linear one's open slots have bars, but no values
+    on the axis: their fractions are written out too.
+    """
+    if not axis.linear:
+        return f"zeros {fractions[0]:.1%}"
+    below, above = axis.open_slot_names()
+    return f"{below}: {fractions[0]:.1%}  {above}: {fractions[-1]:.1%}"
 
 
 def tensor_animation(frames: TensorFrames, path: Path, fps: float) -> Path:
@@ -164,17 +170,22 @@ def _chosen_columns(recorded: np.ndarray, steps: Sequence[int] | None) -> list[i
     return [where[int(step)] for step in steps]
 
 
-def _histogram_frame(exponents: np.ndarray, top: float, title: str) -> tuple[Figure, Any, Any]:
+def _histogram_frame(axis: ValueAxis, top: float, title: str) -> tuple[Figure, Any, Any]:
     """The figure every frame redraws: empty bars over the slots shown, fixed axes."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=FRAME_SIZE, dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
-    bars = ax.bar(exponents, np.zeros(len(exponents)), width=1.0, align="edge", color="C0",
+    lefts, widths = axis.bounds[:-1], np.diff(axis.bounds)
+    bars = ax.bar(lefts, np.zeros(len(lefts)), width=widths, align="edge", color="C0",
                   edgecolor="white", linewidth=0.5)  # fmt: skip
-    ax.set_xlim(exponents[0], exponents[-1] + 1)
+    if axis.linear:
+        # The open slots count everything beyond lo or hi: not bins, so hatched.
+        for bar in (bars[0], bars[-1]):
+            bar.set_hatch("//")
+    mark_value_axis(ax, axis, "x")
     ax.set_ylim(0, top * 1.05 if top > 0 else 1.0)
-    ax.set_xlabel("log2 |value| (slot lower edge)")
+    ax.set_xlabel(axis.edge_label)
     ax.set_ylabel("fraction of elements")
     ax.set_title(title)
     caption = ax.text(0.98, 0.95, "", transform=ax.transAxes, ha="right", va="top")

@@ -1,4 +1,4 @@
-"""Image figures: layers by steps heatmaps, and log2 histograms over steps ("colorful dimension").
+"""Image figures: layers by steps heatmaps, and histograms over steps ("colorful dimension").
 
 Columns are recorded steps, one pixel wide each whatever the gaps between them (a schedule
 records densely, then sparsely), with tick labels that say the step.
@@ -10,13 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from layerscope.plots._histograms import (
-    histogram_edges,
-    layer_counts,
-    magnitude_slots,
-    occupied_range,
-    read_histograms,
-)
+from layerscope.plots._histograms import histogram_edges, layer_counts, read_histograms
 from layerscope.plots._select import (
     Modules,
     check_stat,
@@ -25,6 +19,7 @@ from layerscope.plots._select import (
     layers_with_rows,
     read_rows,
 )
+from layerscope.plots._value_axis import ValueAxis, mark_value_axis, value_axis
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -98,10 +93,12 @@ def heatmap(
 def color_dim(
     run: RunTables, kind: str, modules: Modules, phase: str, tensor: str | None
 ) -> Figure:
-    """Per layer, its log2 histogram over steps as an image (colour: log(1 + count)).
+    """Per layer, its histogram over steps as an image (colour: log(1 + count)).
 
-    With ``modules=None`` and more than ``MAX_PANELS`` layers, that many spread evenly from
-    the first layer to the last; the figure's title says so.
+    Rows are the slots where ``_value_axis`` puts them: log2 magnitudes that occur, or a
+    linear histogram's values from lo to hi with its open slots beyond. With
+    ``modules=None`` and more than ``MAX_PANELS`` layers, that many spread evenly from the
+    first layer to the last; the figure's title says so.
     """
     edges = histogram_edges(run)
     total = None
@@ -112,28 +109,38 @@ def color_dim(
             picks = np.round(np.linspace(0, len(present) - 1, MAX_PANELS)).astype(int)
             modules = [present[index] for index in picks]
     layers, frame = read_histograms(run, kind=kind, phase=phase, modules=modules, tensor=tensor)
-    slots = magnitude_slots(edges)
     fig, axes = panels(len(layers))
     for ax, layer in zip(axes, layers, strict=True):
         steps, counts = layer_counts(frame, layer, len(edges))
-        shown = occupied_range(counts, slots, edges)
-        exponents = np.log2(edges[shown])
-        # Each slot spans one power of two: rows from its exponent to the next.
-        extent = (-0.5, len(steps) - 0.5, exponents[0], exponents[-1] + 1)
-        ax.imshow(
-            np.log1p(counts[shown]),
+        axis = value_axis(edges, counts)
+        draw_slots(ax, axis, np.log1p(counts[axis.slots]))
+        ax.set_ylabel(axis.label)
+        ax.set_title(f"{layer or '(root)'} {kind}", fontsize="medium")
+        label_steps(ax, steps)
+    if total is not None:
+        fig.suptitle(f"{len(layers)} of {total} layers, spread evenly; modules= chooses others")
+    return fig
+
+
+def draw_slots(axes: Axes, axis: ValueAxis, image: np.ndarray) -> None:
+    """``image`` (slots, steps) with each slot's row where ``axis`` puts it."""
+    columns = image.shape[1]
+    if axis.linear:
+        # The open slots' bands are wider than a bin: rows of unequal height.
+        edges = np.arange(columns + 1) - 0.5
+        axes.pcolormesh(edges, axis.bounds, image, cmap="viridis", shading="flat")
+    else:
+        # Each log2 slot spans one power of two: equal rows.
+        extent = (-0.5, columns - 0.5, axis.bounds[0], axis.bounds[-1])
+        axes.imshow(
+            image,
             aspect="auto",
             interpolation="nearest",
             origin="lower",
             extent=extent,
             cmap="viridis",
         )
-        ax.set_ylabel("log2 |value|")
-        ax.set_title(f"{layer or '(root)'} {kind}", fontsize="medium")
-        label_steps(ax, steps)
-    if total is not None:
-        fig.suptitle(f"{len(layers)} of {total} layers, spread evenly; modules= chooses others")
-    return fig
+    mark_value_axis(axes, axis, "y")
 
 
 def panels(count: int) -> tuple[Figure, list[Axes]]:

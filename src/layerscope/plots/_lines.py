@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from layerscope.plots._near_zero import near_zero_fractions
 from layerscope.plots._select import (
     Modules,
     check_stat,
@@ -27,24 +28,41 @@ UPDATE_BAND = (1e-4, 1e-2)
 # More layers than this are told apart by colour (first to last), not by a legend.
 LEGEND_LIMIT = 12
 DEPTH_COLORMAP = "viridis"
+# Where lines often coincide (dead fractions pinned at 0 or 1), each layer gets its own dash
+# pattern, and a width from WIDEST (the first) down to NARROWEST (the last): each line, drawn
+# over the earlier ones, leaves their edges and its dash gaps showing.
+DASHES = ("-", "--", "-.", ":")
+WIDEST, NARROWEST = 3.5, 1.0
+# The dead chart's fractions: from 0 to 1, with room so that a line at either is not the frame.
+DEAD_LIMITS = (-0.05, 1.05)
 
 
 def draw_layers(
-    axes: Axes, steps: np.ndarray, values: np.ndarray, layers: Sequence[str], ylabel: str
+    axes: Axes,
+    steps: np.ndarray,
+    values: np.ndarray,
+    layers: Sequence[str],
+    ylabel: str,
+    *,
+    coinciding: bool = False,
 ) -> None:
     """One line per layer (rows of ``values``), labelled by module name.
 
     Up to ``LEGEND_LIMIT`` layers get a legend; more are coloured by depth, with a colour bar
     from the first layer to the last, as a legend of hundreds of names says nothing.
+    ``coinciding``: lines that often lie on each other get dashes and widths of their own
+    (up to ``LEGEND_LIMIT`` layers; more are told apart by colour only).
     """
     # A single recorded step is a point: without a marker it would not show.
     marker = "o" if len(steps) == 1 else None
     names = [name or "(root)" for name in layers]
     many = len(layers) > LEGEND_LIMIT
     colors = _depth_colors(len(layers)) if many else [None] * len(layers)
-    for name, row, color in zip(names, values, colors, strict=True):
-        width = 0.8 if many else None
-        axes.plot(steps, row, marker=marker, label=name, color=color, linewidth=width)
+    styles: list[dict[str, Any]] = [{"linewidth": 0.8 if many else None}] * len(layers)
+    if coinciding and not many:
+        styles = _distinct_styles(len(layers))
+    for name, row, color, style in zip(names, values, colors, styles, strict=True):
+        axes.plot(steps, row, marker=marker, label=name, color=color, **style)
     axes.set_xlabel("step")
     axes.set_ylabel(ylabel)
     if not many:
@@ -58,6 +76,15 @@ def draw_layers(
     assert owner is not None  # the axes were made by a figure
     bar = owner.colorbar(scale, ax=axes, label="module (model order)")
     bar.set_ticks([0, len(layers) - 1], labels=[names[0], names[-1]])
+
+
+def _distinct_styles(count: int) -> list[dict[str, Any]]:
+    """Dash pattern and width of each of ``count`` lines, in drawing order."""
+    widths = np.linspace(WIDEST, NARROWEST, count) if count > 1 else [None]
+    return [
+        {"linestyle": DASHES[index % len(DASHES)], "linewidth": width}
+        for index, width in enumerate(widths)
+    ]
 
 
 def _depth_colors(count: int) -> list[Any]:
@@ -92,15 +119,25 @@ def stats_figure(
     return fig
 
 
-def dead_chart(run: RunTables, kind: str, modules: Modules, phase: str) -> Figure:
-    """Per layer the fraction of exact zeros over steps, from 0 to 1."""
-    check_stat(run, "zero_frac")
-    layers, frame = read_rows(run, ["zero_frac"], kind=kind, phase=phase, modules=modules)
-    steps, values = layer_matrix(frame, layers, "zero_frac")
+def dead_chart(
+    run: RunTables, kind: str, modules: Modules, phase: str, threshold: object = None
+) -> Figure:
+    """Per layer the fraction of exact zeros, or of values below ``threshold``, over steps."""
+    if threshold is None:
+        check_stat(run, "zero_frac")
+        layers, frame = read_rows(run, ["zero_frac"], kind=kind, phase=phase, modules=modules)
+        steps, values = layer_matrix(frame, layers, "zero_frac")
+        ylabel, title = "zero fraction", f"dead units: zero fraction of {kind}"
+    else:
+        layers, steps, values, edge = near_zero_fractions(run, threshold, kind, modules, phase)
+        ylabel = f"fraction |value| < {edge:.3g}"
+        title = f"near zero: {kind} with |value| < 2**{np.log2(edge):.0f}"
+        if edge != threshold:
+            title += f" (threshold {threshold:g} rounded down)"
     fig, (ax,) = figure(1, height=4.0)
-    draw_layers(ax, steps, values, layers, "zero fraction")
-    ax.set_ylim(0.0, 1.0)
-    ax.set_title(f"dead units: zero fraction of {kind}")
+    draw_layers(ax, steps, values, layers, ylabel, coinciding=True)
+    ax.set_ylim(*DEAD_LIMITS)
+    ax.set_title(title)
     return fig
 
 
