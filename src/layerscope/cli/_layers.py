@@ -16,13 +16,14 @@ ROOT = "(root)"  # the model itself, whose name is ""
 def module_types(run: Run) -> dict[str, str]:
     """Each module's class name by module name, in model order; empty if no tree was written.
 
-    A run that crashed before writing ``modules.json`` still has its rows: its layers are
-    then shown in name order (see ``in_model_order``). A damaged one is named in a warning,
-    and the layers shown the same way.
+    A run whose ``modules.json`` is missing or damaged still has its rows: its layers are
+    then shown in name order (see ``in_model_order``), and a warning names the file. (The
+    writer makes ``modules.json`` before any row: a run with rows and none lost it.)
     """
     try:
         return {module.name: module.type for module in run.modules}
-    except FileNotFoundError:
+    except FileNotFoundError as error:
+        warn_damaged(str(error.filename or "modules.json"), "missing: module types unknown")
         return {}
     except RunFileError as error:
         warn_damaged(error.path, f"{error.field}: {error.reason}" if error.field else error.reason)
