@@ -52,3 +52,13 @@ def test_store_benchmark_writes_what_it_counts(tmp_path):
     rate = _benchmark("store").write_rate(tmp_path, rows=4800, chunk_rows=2400, flush_every=1)
     assert rate > 0
     assert len(layerscope.load(tmp_path / "write").sql("select step from stats")) == 4800
+
+
+def test_damage_benchmark_tables_what_it_classified(tmp_path):
+    damage = _benchmark("damage")
+    case = damage.corpus.BY_NAME["control-untouched"]
+    bases = damage.corpus.make_bases(tmp_path / "bases")
+    outcomes = damage.classify.Classifier(bases, tmp_path).outcomes(case)
+    text = damage.table({case.name: outcomes}, "here", 1.0)
+    assert "| control-untouched | ok | ok | ok |" in text
+    assert "| ok | 7 | 2 | 9 | 18 |" in text
