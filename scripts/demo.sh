@@ -7,3 +7,6 @@ python3 -m venv .venv
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q -e '.[demo]'
 .venv/bin/layerscope demo "$@"
+# A new shell does not have the venv on its PATH.
+echo "layerscope is installed in .venv: run the commands above as .venv/bin/layerscope ...," \
+  "or first: source .venv/bin/activate"
