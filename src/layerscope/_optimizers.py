@@ -3,11 +3,14 @@
 Trainers wrap the optimizer a person made: accelerate's ``AcceleratedOptimizer`` (the HF
 Trainer's, once training started) and Lightning's ``LightningOptimizer`` call the wrapped one's
 ``step()``, and some of them subclass ``torch.optim.Optimizer`` without its hook registries.
-Hooks go on the innermost optimizer, whose ``step()`` runs whatever the wrapper does.
+Hooks go on the innermost optimizer, whose ``step()`` runs whatever the wrapper does. A wrapper
+may also not run it: accelerate's holds the step back on the micro-batches of
+``accumulate()``, which are part of the step to come, not steps of their own.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -60,6 +63,18 @@ def parse_optimizers(optimizer: object) -> list[torch.optim.Optimizer]:
     if len({id(item) for item in optimizers}) != len(optimizers):
         raise ValueError("optimizer: the same optimizer is listed twice")
     return optimizers
+
+
+def step_held_back() -> bool:
+    """Whether accelerate holds the optimizer step back now: a micro-batch of ``accumulate()``.
+
+    Its optimizer's ``step()`` does nothing while ``accelerator.sync_gradients`` is False, a
+    state one per process (``GradientState``), read here as it is and never made. That also
+    covers a loop that steps only ``if accelerator.sync_gradients``.
+    """
+    state = getattr(sys.modules.get("accelerate.state"), "GradientState", None)
+    shared = getattr(state, "_shared_state", None)  # empty until an Accelerator is made
+    return isinstance(shared, dict) and shared.get("sync_gradients", True) is False
 
 
 def parameters_of(optimizer: torch.optim.Optimizer) -> Iterator[Tensor]:

@@ -9,10 +9,14 @@ gradients are read when each backward pass ends: by the time ``scope.step()`` ru
 One parameter, the probe, has a hook that runs once per backward pass: it tells that the model
 trained in this step, so that an iteration whose optimizer step GradScaler skipped is seen
 where the next one begins.
+
+The first optimizer's step ends a training step, unless a trainer's callback ends steps at its
+batches' ends instead (``ends_steps``): then each optimizer only says that it stepped.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -24,13 +28,22 @@ from torch import Tensor, nn
 from layerscope._cost import CostMeter
 from layerscope._hooks import HookHandles, queue_at_backward_end, weak_hook
 from layerscope._kinds import Kind
-from layerscope._optimizers import owned_by
+from layerscope._optimizers import owned_by, step_held_back
 from layerscope._recorder import Owner, Recorder, Target
 from layerscope._shards import local_tensor, shard_label
 from layerscope._steps import StepClock
 from layerscope._updates import UpdateSnapshot
 
 TRAIN = "train"
+
+
+class StepCall(enum.Enum):
+    """What ``scope.step()`` does to the step in progress, with ``optimizer=``."""
+
+    KEEP = "keep"  # an optimizer step ended it already, or nothing trained since the last end
+    HOLD = "hold"  # a micro-batch whose optimizer step accelerate held back: part of the step
+    END = "end"  # it ends the step: the optimizers stepped, and a trainer's batch ends steps
+    SKIPPED = "skipped"  # it ends a step whose optimizer step was skipped (GradScaler)
 
 
 class ParameterReads:
@@ -77,6 +90,10 @@ class ParameterReads:
         # An optimizer step ended a step since the last scope.step(); one is under way.
         self.optimizer_ended = False
         self.optimizer_stepping = False
+        # Whether the first optimizer's step ends the training step. A trainer callback that
+        # steps several optimizers in any order turns it off and ends steps at batch ends.
+        self.ends_steps = True
+        self._stepped = False  # an optimizer stepped in the step in progress
         self._backward_in_step = False  # a backward pass reached the probe in this step
         self._fp16_pass = False  # the training pass ran under fp16 autocast (GradScaler)
         self._on_backward: Callable[[], None] = _nothing
@@ -118,10 +135,13 @@ class ParameterReads:
         """A training pass begins; return True if the last iteration's step was skipped.
 
         Skipped: a backward reached the probe in this step, no optimizer step followed, and
-        ``zero_grad()`` has cleared the gradient since (GradScaler skipped the step).
+        ``zero_grad()`` has cleared the gradient since (GradScaler skipped the step). Where
+        batch ends end the steps, they tell skipped steps too: a pass between two optimizers'
+        steps is not a new iteration.
         """
         skipped = (
-            bool(self._optimizers)
+            self.ends_steps
+            and bool(self._optimizers)
             and self._backward_in_step
             and not self.optimizer_stepping
             and self._probe is not None
@@ -129,6 +149,18 @@ class ParameterReads:
         )
         self._fp16_pass = self._probe is not None and _fp16_autocast(self._probe)
         return skipped
+
+    def at_step_call(self, trained: bool) -> StepCall:
+        """What ``scope.step()`` does now; ``trained``: a training pass ran in this step."""
+        if self.optimizer_ended or self.optimizer_stepping:
+            return StepCall.KEEP
+        if not self.ends_steps:
+            if self._stepped:
+                return StepCall.END
+            return StepCall.SKIPPED if trained else StepCall.KEEP
+        if not trained:
+            return StepCall.KEEP
+        return StepCall.HOLD if step_held_back() else StepCall.SKIPPED
 
     def read_at_step_end(self, skipped: bool) -> None:
         """Weights and buffers as the step leaves them; a skipped step's gradients too."""
@@ -144,6 +176,7 @@ class ParameterReads:
                 snapshot.release()  # kept only from one recorded step to the next
         self._backward_in_step = False
         self.optimizer_stepping = False
+        self._stepped = False
 
     def read(self, kind: Kind, positions: Sequence[int] | None = None) -> None:
         """Record ``kind`` (weights, their gradients or buffers) of the watched modules."""
@@ -206,6 +239,11 @@ class ParameterReads:
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         self._meter.timed(self._snapshot, index)
         if closure is None:
+            if self._fp16_pass:
+                # GradScaler unscaled the gradients read at backward in place, and torch's op
+                # leaves their version as it was: bump it, or that scaled reading is reused.
+                grads = [self._params[i][0].grad for i in positions]
+                torch.autograd.graph.increment_version([g for g in grads if g is not None])
             self._meter.timed(self.read, Kind.WEIGHT_GRAD, positions)
             return None
 
@@ -227,9 +265,10 @@ class ParameterReads:
         start = time.perf_counter()
         try:
             self.optimizer_stepping = False
+            self._stepped = True
             if self._clock.step_records:
                 self._record_updates(index)
-            if index == 0:  # the first optimizer's step ends the training step
+            if index == 0 and self.ends_steps:  # the first optimizer's step ends the step
                 self.optimizer_ended = True
                 self._end_step()
         finally:

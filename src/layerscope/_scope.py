@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -34,13 +35,13 @@ from layerscope._kinds import Kind
 from layerscope._layer_hooks import LayerHooks
 from layerscope._modules import CallEvent, ModuleInfo, module_tree
 from layerscope._nonfinite_stop import nonfinite_error, stop_schedule
-from layerscope._parameters import ParameterReads
+from layerscope._parameters import ParameterReads, StepCall
 from layerscope._pipeline import Pipeline
 from layerscope._rank_merge import rank_merge_for
 from layerscope._ranks import ProcessRank
 from layerscope._recorder import Recorder, Target
 from layerscope._select import device_type, is_compiled, pattern_texts, select, unwrap
-from layerscope._steps import StepClock
+from layerscope._steps import MicroBatchScalars, StepClock
 from layerscope._whole_tensors import WholeTensors
 from layerscope.health import HealthMonitor
 from layerscope.sinks._base import FanOut, RunInfo, RunSummary, Sink
@@ -91,6 +92,7 @@ class Scope:
         )
         self._closed = False
         self._identities = Identities()
+        self._held_scalars = MicroBatchScalars()  # of micro-batches accelerate held back
 
         targets = list(select(self._root, config.selection))
         if not targets:
@@ -226,7 +228,9 @@ class Scope:
         With ``optimizer=`` the optimizer's step ends the training step instead: then this
         records the scalars for the step the optimizer just ended, and ends the step only if
         the optimizer did not step since the last call although the model trained (a step
-        that GradScaler skipped): call it once per iteration, after the optimizer step.
+        that GradScaler skipped): call it once per iteration, after the optimizer step. On a
+        micro-batch whose step accelerate held back (``accelerator.sync_gradients`` False) it
+        ends nothing: the step is the window's, and records each scalar's mean over it.
         Scalar tensors are kept on their device until the next flush, so passing ``loss``
         costs no host sync.
 
@@ -248,8 +252,13 @@ class Scope:
                 self._recorder.add_scalars(clock.step, scalars)
                 self._finish_step()
                 return
-            if not (parameters.optimizer_ended or parameters.optimizer_stepping) and clock.trained:
-                self._finish_step(skipped=True)
+            call = parameters.at_step_call(clock.trained)
+            if call is StepCall.HOLD:  # a micro-batch: its scalars wait for its step's end
+                self._held_scalars.hold(scalars)
+                return
+            scalars = self._held_scalars.merged(scalars)
+            if call is not StepCall.KEEP:
+                self._finish_step(skipped=call is StepCall.SKIPPED)
             parameters.optimizer_ended = False
             ended = clock.ended
             self._recorder.add_scalars(clock.step if ended is None else ended, scalars)
@@ -375,6 +384,8 @@ class Scope:
         self._closed = True
         lifecycle.untrack(self)
         try:
+            if self._held_scalars:  # an accumulation window the training left unfinished
+                self._recorder.add_scalars(self._clock.step, self._held_scalars.merged({}))
             if self._recorder.has_pending():
                 self._recorder.flush(final=True)
             self._layers.send_calls()
@@ -461,12 +472,8 @@ class Scope:
             config={**self.config.to_dict(), "tensors": _spec_dict(self._tensors_spec)},
             modules=self._modules,
             histogram_edges=self.config.histogram_edges(),
-            progress=self._progress,
+            progress=_progress_of(self._meter, weakref.ref(self._root)),
         )
-
-    def _progress(self) -> tuple[float, str]:
-        """Seconds on the training thread so far and the kernel: asked at each flush."""
-        return self._meter.seconds, kernel_name(device_type(self._root))
 
     def _summary(
         self,
@@ -500,3 +507,16 @@ class Scope:
 
 def _spec_dict(spec: TensorsSpec | None) -> dict[str, object] | None:
     return None if spec is None else spec.to_dict()
+
+
+def _progress_of(meter: CostMeter, root: weakref.ref[nn.Module]) -> Callable[[], tuple[float, str]]:
+    """Seconds on the training thread so far and the kernel, asked at each flush.
+
+    Holds neither the scope nor the model: an open scope must not pin them (see _lifecycle).
+    """
+
+    def progress() -> tuple[float, str]:
+        model = root()
+        return meter.seconds, "" if model is None else kernel_name(device_type(model))
+
+    return progress

@@ -8,11 +8,18 @@ step that ended, so that ``if step % 50 == 0: evaluate()`` after ``optimizer.ste
 recorded with step 50. It records when that step records or the next one does: a trainer
 evaluating after its global step 100 (step 99 here) is recorded where ``every=100`` records
 step 100. Evaluation in the middle of a step belongs to that step.
+
+A micro-batch whose optimizer step accelerate held back is no step: it belongs to the step
+its window's optimizer step ends, and so do the scalars passed with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import numbers
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import Tensor
 
 from layerscope._schedule import Schedule
 
@@ -112,3 +119,56 @@ class StepClock:
         # Where the model lives is asked only when the schedule leaves it to that.
         on_accelerator = self._schedule.sentinel is None and self._on_accelerator()
         return self._schedule.sentinel_at(step, on_accelerator)
+
+
+class MicroBatchScalars:
+    """Scalars passed with held-back micro-batches, kept until their step ends.
+
+    The step records each scalar's mean over the calls that passed it in the step, as trainers
+    log the loss of an accumulated step. Tensors stay on their device: no host sync.
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[str, float | Tensor] = {}
+        self._counts: dict[str, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._counts)
+
+    def hold(self, scalars: Mapping[str, float | Tensor]) -> None:
+        """Keep ``scalars`` (checked as ``scope.step()`` checks them) for the step's end."""
+        for name, value in scalars.items():
+            value = _summable(name, value)
+            held = self._sums.get(name)
+            self._sums[name] = value if held is None else held + value
+            self._counts[name] = self._counts.get(name, 0) + 1
+
+    def merged(self, scalars: Mapping[str, float | Tensor]) -> dict[str, float | Tensor]:
+        """``scalars`` with the held ones: the mean of each name's values; none stay held."""
+        if not self._counts:
+            return dict(scalars)
+        self.hold(scalars)
+        means = {name: total / self._counts[name] for name, total in self._sums.items()}
+        self._sums.clear()
+        self._counts.clear()
+        return means
+
+
+def _summable(name: str, value: object) -> float | Tensor:
+    """``value`` as a number or a detached one-element floating tensor of at least fp32."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(
+                f"step: scalar {name!r} must have one element, got shape {tuple(value.shape)}"
+            )
+        detached = value.detach()
+        # Sums of fp16 or integer values would round or overflow before the division.
+        if detached.dtype not in (torch.float32, torch.float64):
+            detached = detached.float()
+        return detached
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise TypeError(
+        f"step: scalar {name!r} must be a number or a one-element tensor, "
+        f"got {type(value).__name__}"
+    )

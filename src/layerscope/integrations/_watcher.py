@@ -115,12 +115,15 @@ class Watcher:
         optimizers: Sequence[Any],
         default_parent: Callable[[], str | None],
         global_step: int = 0,
+        batches_end_steps: bool = False,
     ) -> None:
-        """Watch ``model`` stepped by ``optimizers`` (the first one's step ends a step).
+        """Watch ``model`` stepped by ``optimizers``.
 
         ``model`` comes from the trainer, untyped: ``watch()`` refuses what is not a module.
         ``global_step`` is the steps the trainer has done (a resumed training's): the first
-        step is numbered so, unless ``start_step=`` says otherwise.
+        step is numbered so, unless ``start_step=`` says otherwise. The first optimizer's step
+        ends a step, or with ``batches_end_steps`` no optimizer's does: each ``step()`` call
+        ends one, at the end of a batch in which an optimizer stepped.
 
         A scope still open (a training run that raised where no hook saw it) is closed first,
         as failed. If watching fails, that warns once and training goes on unwatched.
@@ -136,6 +139,9 @@ class Watcher:
             options.setdefault("start_step", int(global_step))
             optimizer = optimizers[0] if len(optimizers) == 1 else list(optimizers) or None
             self.scope = watch(model, optimizer=optimizer, **options)
+            if batches_end_steps:
+                # Private to layerscope: the trainer's batches, not an optimizer, end steps.
+                self.scope._parameters.ends_steps = False
             self._open = True
             self.run_dir = run_path(options["run"])
 

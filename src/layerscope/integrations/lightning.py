@@ -1,8 +1,11 @@
 """``LayerscopeCallback`` for Lightning's ``Trainer``: watch a LightningModule while it fits.
 
-Steps follow the optimizer's: the callback passes the trainer's optimizer to ``watch()``, so
-the micro-batches of ``accumulate_grad_batches`` merge into the step their optimizer step
-ends, and a step that AMP's GradScaler skipped is a step of its own, marked ``skipped``.
+A step is a training batch that stepped: one whose optimizer steps Lightning counted in its
+global step. The callback passes the trainer's optimizers to ``watch()``, which reads each
+around its own steps, and ends the step itself when the batch ends, so that the order and the
+number of the optimizers' steps (a GAN's two, under manual optimization) do not matter. The
+micro-batches of ``accumulate_grad_batches`` merge into the step that follows them, and a
+batch whose steps AMP's GradScaler skipped is a step of its own, marked ``skipped``.
 Validation runs in eval mode without gradients, so it is recorded with ``phase="eval"``, under
 the step it follows.
 """
@@ -29,21 +32,26 @@ except ImportError as error:  # pragma: no cover - the lightning extra is in dev
 class LayerscopeCallback(pl.Callback):
     """Record a LightningModule's layers while ``trainer.fit()`` trains it.
 
-    At the start of training (after the sanity check, whose batches are not recorded) it
-    watches the LightningModule with the trainer's optimizer. After each optimizer step it
-    records two scalars for that step: ``loss``, the loss Lightning backpropagated (with
+    At the first training batch (after the sanity check, whose batches are not recorded) it
+    watches the LightningModule with the trainer's optimizers. Each training batch in which
+    an optimizer stepped ends a step, whatever the number and the order of the optimizers'
+    steps (one in which AMP skipped every step is a step marked ``skipped``); batches
+    without an optimizer step (micro-batches of
+    ``accumulate_grad_batches``) merge into the next step. At each step's end it records two
+    scalars for it: ``loss``, the loss Lightning backpropagated (with
     ``accumulate_grad_batches``, the mean of the micro-batches' losses; under manual
     optimization, the mean of what ``training_step`` returned), and ``lr``, the first
-    parameter group's learning rate, read just before the optimizer step. The run
+    optimizer's first parameter group's learning rate, read just before its step. The run
     is closed when ``fit`` ends, as ``"failed"`` when it raises.
 
     The run goes to ``<trainer.log_dir>/layerscope`` (the logger's versioned directory for the
     CSV and TensorBoard loggers, ``default_root_dir`` without a logger), or
     ``layerscope-2``, ``-3``... when a run is there already. ``run=`` chooses the directory;
-    ``run=None`` keeps the run in memory (``callback.scope.frame()``). Steps go on from the
-    trainer's global step: a fit resumed from a checkpoint at global step G records its first
-    step as G (``start_step=`` sets another). With several optimizers, all of them are
-    watched and the first one's step ends a step.
+    ``run=None`` keeps the run in memory (``callback.scope.frame()``). A fit resumed from a
+    checkpoint goes on from the step after the checkpoint's last: from the trainer's global
+    step G under automatic optimization (one optimizer step a step), and under manual
+    optimization from the number of training batches Lightning restored (its global step
+    counts every optimizer's steps). ``start_step=`` sets another first step.
 
     Monitoring never stops training: if something in layerscope fails in a hook, that warns
     once (``layerscope.LayerscopeWarning``) and is counted in ``failures``. Only
@@ -70,6 +78,7 @@ class LayerscopeCallback(pl.Callback):
     def __init__(self, **watch_options: Any) -> None:
         super().__init__()
         self._watcher = Watcher(watch_options)
+        self._waiting = False  # training started; the watch begins at its first batch
         self._global_step = 0
         self._loss: Tensor | None = None  # the sum of this step's micro-batch losses
         self._batches = 0
@@ -91,11 +100,25 @@ class LayerscopeCallback(pl.Callback):
         return self._watcher.failures
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Watch the module with the trainer's optimizers."""
+        """Get ready to watch: at the first batch, once Lightning has restored its loops."""
+        self._watcher.close("failed")  # left open by a fit that raised where no hook saw it
+        self._waiting = True
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """Watch the module with the trainer's optimizers, at the first training batch."""
+        if not self._waiting:
+            return
+        self._waiting = False
         self._global_step = trainer.global_step
         self._loss, self._batches, self._lr = None, 0, None
         self._watcher.start(
-            pl_module, trainer.optimizers, lambda: _log_dir(trainer), trainer.global_step
+            pl_module,
+            trainer.optimizers,
+            lambda: _log_dir(trainer),
+            _steps_done(trainer, pl_module),
+            batches_end_steps=True,
         )
 
     def on_before_optimizer_step(
@@ -134,7 +157,7 @@ class LayerscopeCallback(pl.Callback):
             self._batches += 1
         optimizers = trainer.optimizers
         if optimizers and trainer.global_step == self._global_step:
-            return None  # a micro-batch in the middle of an accumulation window
+            return None  # no optimizer stepped: a micro-batch, part of the next step
         self._global_step = trainer.global_step
         scalars: dict[str, float | Tensor] = {}
         if self._loss is not None:
@@ -156,8 +179,20 @@ class LayerscopeCallback(pl.Callback):
         self._watcher.close("failed")
 
 
+def _steps_done(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
+    """The steps of the fit before this one: batches that stepped, as Lightning restored them.
+
+    Under manual optimization the global step counts every optimizer's steps (two a batch for
+    a GAN); the batch count is the steps, read once the loops are restored: at training start
+    a checkpoint saved at a batch's end still counts that batch as unfinished.
+    """
+    if pl_module.automatic_optimization:
+        return trainer.global_step
+    return int(trainer.fit_loop.epoch_loop.batch_progress.total.completed)
+
+
 def _log_dir(trainer: pl.Trainer) -> str | None:
-    # trainer.log_dir is a collective under DDP: every rank calls it here, at train start.
+    # trainer.log_dir is a collective under DDP: every rank calls it here, at its first batch.
     return trainer.log_dir or trainer.default_root_dir
 
 
