@@ -6,9 +6,15 @@
 Each workload of the overhead benchmark (random data, AdamW at 1e-3) and the digits example's
 CNN (scikit-learn's digits, Adam at 3e-3, as ``examples/digits.py``) trains ``--steps`` steps
 watched with every kind captured (inputs, updates and buffers too) and every step recorded
-(``every=1``: the most rows for the rules to read). An alert on these runs is a false alarm,
-unless it is "info". The rules' cost is the writer thread's CPU time in them, per flush (a
-flush holds 10 recorded steps by default) and per row of statistics they read.
+(``every=1``: the most rows for the rules to read). So do layouts that healthy runs often
+have and rules once flagged: ``amp``, the digits CNN with batches of 16 under bf16 autocast
+with a GradScaler at its default scale (65,536); ``convbn-sgd`` and ``convbn-adamw``,
+convolutions with biases followed by BatchNorm (whose gradients are zero up to rounding) on
+the CNN workload's data, under SGD with momentum 0.9 at 1e-2 and AdamW at 1e-3; ``inspect``,
+the CNN workload's backward passes with no optimizer step (no ``optimizer=``,
+``scope.step()`` each iteration: every kind but updates). An alert on these runs is a false
+alarm, unless it is "info". The rules' cost is the writer thread's CPU time in them, per
+flush (a flush holds 10 recorded steps by default) and per row of statistics they read.
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ import report  # run as a script
 from workloads import WORKLOADS
 
 EVERY_KIND = ("activation", "grad", "weight", "weight_grad", "input", "update", "buffer")
+Batches = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _digits() -> tuple[nn.Module, torch.optim.Optimizer, object]:
+def _digits(size: int = 64) -> tuple[nn.Module, torch.optim.Optimizer, Batches, LossFn]:
     import digits  # examples/digits.py
 
     train_x, train_y, _, _ = digits.load()
@@ -41,33 +49,74 @@ def _digits() -> tuple[nn.Module, torch.optim.Optimizer, object]:
     order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(0))
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chosen = order.roll(-64 * step)[:64]
+        chosen = order.roll(-size * step)[:size]
         return train_x[chosen], train_y[chosen]
 
-    return model, optimizer, (batch, nn.functional.cross_entropy)
+    return model, optimizer, batch, nn.functional.cross_entropy
+
+
+def _conv_bn() -> nn.Module:
+    """Convolutions that keep their biases, each followed by BatchNorm, as in VGG-BN."""
+
+    def block(c_in: int, c_out: int) -> nn.Module:
+        conv = nn.Conv2d(c_in, c_out, 3, stride=2, padding=1)
+        return nn.Sequential(conv, nn.BatchNorm2d(c_out), nn.ReLU())
+
+    # (256, 1, 28, 28) -> 14 -> 7 -> 4 -> (256, 64) -> (256, 10)
+    return nn.Sequential(
+        block(1, 16), block(16, 32), block(32, 64), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(64, 10),
+    )  # fmt: skip
+
+
+# The workload whose data (and, but for convbn, model) a healthy layout's run takes.
+_DATA = {"convbn-sgd": "cnn", "convbn-adamw": "cnn", "inspect": "cnn"}
+RUNS = [*WORKLOADS, "digits", "amp", *_DATA]
+
+
+def _setup(name: str) -> tuple[nn.Module, torch.optim.Optimizer, Batches, LossFn]:
+    """The run's model, its optimizer, its batches by step and its loss."""
+    if name in ("digits", "amp"):
+        # Batches of 16 under AMP: the smaller the batch, the larger the loss's gradient, and
+        # the scale makes it larger still.
+        return _digits(16 if name == "amp" else 64)
+    workload = WORKLOADS[_DATA.get(name, name)]
+    model = _conv_bn() if name.startswith("convbn") else workload.make_model()
+    if name == "convbn-sgd":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(
+            model.parameters(), lr=1e-2, momentum=0.9
+        )
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return workload.make_batch(generator)
+
+    return model, optimizer, batch, workload.loss
 
 
 def run(name: str, steps: int) -> dict[str, object]:
     torch.manual_seed(0)
-    if name == "digits":
-        model, optimizer, (batch, loss_fn) = _digits()  # type: ignore[misc]
-    else:
-        workload = WORKLOADS[name]
-        model = workload.make_model()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        generator = torch.Generator().manual_seed(0)
-
-        def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return workload.make_batch(generator)
-
-        loss_fn = workload.loss
+    model, optimizer, batch, loss_fn = _setup(name)
+    inspect = name == "inspect"  # backward only: no optimizer step, none given to watch
+    scaler = torch.amp.GradScaler("cpu") if name == "amp" else None  # its default scale
+    kinds = tuple(kind for kind in EVERY_KIND if not (inspect and kind == "update"))
     started = time.perf_counter()
-    with layerscope.watch(model, optimizer=optimizer, every=1, capture=EVERY_KIND) as scope:
+    watched = None if inspect else optimizer
+    with layerscope.watch(model, optimizer=watched, every=1, capture=kinds) as scope:
         for step in range(steps):
             x, y = batch(step)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            optimizer.step()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=scaler is not None):
+                loss = loss_fn(model(x), y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                if not inspect:
+                    optimizer.step()
             optimizer.zero_grad()
             scope.step(loss=loss)
         monitor = scope._pipeline.health  # the writer's rules, to read their cost
@@ -157,10 +206,7 @@ def table(results: list[dict[str, object]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument(
-        "--runs", nargs="*", default=["cnn", "gpt", "mlp", "scale", "digits"],
-        choices=[*WORKLOADS, "digits"],
-    )  # fmt: skip
+    parser.add_argument("--runs", nargs="*", default=RUNS, choices=RUNS)
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     results = []
@@ -188,8 +234,13 @@ def main() -> None:
             "recorded with every kind (inputs, updates, buffers too), the default rules. The "
             "overhead benchmark's workloads train on random "
             "data with AdamW at 1e-3; digits is examples/digits.py's CNN on scikit-learn's "
-            "digits with Adam at 3e-3. The rules run on the writer thread; their time there is "
-            "not on the training thread.\n\n" + text,
+            "digits with Adam at 3e-3; amp is that CNN with batches of 16 under bf16 autocast "
+            "with a GradScaler at its default scale (65,536); convbn-sgd and convbn-adamw are "
+            "convolutions with biases, each followed by BatchNorm, on the CNN workload's data "
+            "under SGD with momentum 0.9 at 1e-2 and AdamW at 1e-3; inspect is the CNN "
+            "workload's backward passes with no optimizer step (no optimizer=, every kind but "
+            "updates). The rules run on the writer thread; their time there is not on the "
+            "training thread.\n\n" + text,
         )
 
 

@@ -1,11 +1,15 @@
 """``vanishing_grad`` and ``exploding_grad``: gradients far too small or too large.
 
 A gradient's scale is its root mean square, so layers of different sizes compare. A layer is
-out of bounds absolutely (``vanishing_below``, ``exploding_above``) or relative to the layers
-after it (nearer the loss, where gradients come from) of the same kind at that step:
-``relative`` times below or above their median (a deep sigmoid stack's first layers, a badly
-initialised stack's). Exactly zero gradients are left to
-the ``dead`` rule (no gradient flows through dead units) and to ``update_ratio``.
+out of bounds relative to the layers after it (nearer the loss, where gradients come from) of
+the same kind at that step: ``relative`` times below or above their median (a deep sigmoid
+stack's first layers, a badly initialised stack's). A parameter's gradient is also out of
+bounds absolutely (``vanishing_below``, ``exploding_above``); an output's is not, as its units
+are the loss's as backward saw it: scaled by a GradScaler (65,536 at first) and read before
+the scaler unscales, summed or averaged over the batch. Parameter gradients are read where the
+optimizer reads them, unscaled. A step with a non-finite gradient is left to the ``nonfinite``
+rule (a step GradScaler skipped: its finite gradients are scaled too), and exactly zero
+gradients to the ``dead`` rule (no gradient flows through dead units).
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ from layerscope.health._episodes import Episodes
 from layerscope.health._readings import ModuleOrder, Reading, StepView
 
 _KINDS = {"grad": "output", "weight_grad": "parameter"}
+_ABSOLUTE = ("weight_grad",)  # the kinds with absolute bounds: those in the optimizer's units
 
 
 class Gradients:
     """Both rules over one step's gradients (``grad`` and ``weight_grad``).
 
-    Options: ``vanishing_below`` (1e-9), ``exploding_above`` (1e3), ``relative`` (1e3: that
-    many times below or above the median of the layers), ``steps`` (2 recorded steps in a row).
+    Options: ``vanishing_below`` (1e-9), ``exploding_above`` (1e3): absolute bounds on
+    parameter gradients; ``relative`` (1e3: that many times below or above the median of the
+    layers after it); ``steps`` (2 recorded steps in a row).
     """
 
     name = "gradients"
@@ -59,6 +65,8 @@ class Gradients:
         """Alerts of one step's rows."""
         if view.phase != "train" or view.sentinel:
             return []
+        if any(r.nonfinite and r.kind in _KINDS for r in view.readings):
+            return []
         alerts = []
         for kind in _KINDS:
             layers = sorted(
@@ -86,7 +94,7 @@ class Gradients:
         for rule in self._enabled:
             vanishing = rule == "vanishing_grad"
             bound = self._low if vanishing else self._high
-            absolute = rms < bound if vanishing else rms > bound
+            absolute = reading.kind in _ABSOLUTE and (rms < bound if vanishing else rms > bound)
             ratio = rms / median
             relative = compare and (
                 ratio < 1 / self._relative if vanishing else ratio > self._relative

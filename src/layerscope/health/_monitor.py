@@ -60,6 +60,7 @@ class HealthMonitor:
         self._loss = LossSpike(self.order, **rules["loss_spike"]) if "loss_spike" in rules else None
         self._pending: list[Alert] = []
         self._lock = threading.Lock()
+        self._skipped: set[int] = set()  # steps marked skipped whose rows may still come
 
     @classmethod
     def for_run(
@@ -86,11 +87,18 @@ class HealthMonitor:
         self.flushes += 1
         self.rows += sum(len(chunk) for chunk in chunks)
         alerts: list[Alert] = []
-        for view in step_views(chunks):
+        # A step's mark comes with its rows or before them: with the rows that end the step.
+        self._skipped.update(step for step, name, value in scalars if name == "skipped" and value)
+        views = step_views(chunks)
+        for view in views:
+            view.skipped = view.step in self._skipped
             for rule in self._rules:
                 alerts += rule.observe(view)
             if self._loss is not None:
                 self._loss.observe(view)
+        recorded = [v.step for v in views if v.phase == "train" and not v.sentinel]
+        if recorded:  # a step's training rows come once
+            self._skipped = {step for step in self._skipped if step > max(recorded)}
         if self._loss is not None:
             for step, name, value in scalars:
                 alerts += self._loss.observe_scalar(step, name, value)

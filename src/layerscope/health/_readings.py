@@ -80,7 +80,7 @@ def _nonfinite(stats: dict[str, float], sentinel: bool) -> bool:
 class StepView:
     """Every row of one step and phase that a flush brought."""
 
-    __slots__ = ("_first_calls", "phase", "readings", "sentinel", "step")
+    __slots__ = ("_first_calls", "phase", "readings", "sentinel", "skipped", "step")
 
     def __init__(self, step: int, phase: str, readings: list[Reading]) -> None:
         self.step = step
@@ -88,6 +88,10 @@ class StepView:
         self.readings = readings
         # Whether these are the sentinel's rows (an unrecorded step).
         self.sentinel = bool(readings) and all(r.sentinel for r in readings)
+        # Whether the step is marked skipped (scalar ``skipped``): the model trained and the
+        # optimizer given to watch() did not step (GradScaler skipped it, or the loop never
+        # steps it). The monitor marks it, from the flush's scalars.
+        self.skipped = False
         self._first_calls: dict[str, list[Reading]] = defaultdict(list)
         for reading in readings:
             if reading.call == 0:

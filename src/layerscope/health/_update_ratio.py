@@ -6,11 +6,20 @@ optimizer's parameter groups, or frozen by a zero learning rate. Far above (``hi
 step is too large. With ``capture`` including ``"update"`` the ratio is measured; without, a
 parameter left out of the optimizer given to ``watch`` has a ratio of exactly zero, and with
 no optimizer given, one whose statistics are bit for bit the same at two recorded steps while
-a clearly visible gradient flowed.
+a clearly visible gradient flowed and other parameters changed.
+
+A ratio is judged only where an update happened and had something to apply: not at a step
+marked skipped (GradScaler skipped the optimizer step, or the loop never steps), not without
+an optimizer where no watched parameter changed (a loop that only looks at gradients), and not
+for a parameter whose gradient is negligible beside the others' (the bias of a convolution
+followed by BatchNorm, zero up to rounding by construction): a step has nothing but rounding
+noise to apply to it.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
@@ -23,6 +32,10 @@ from layerscope.health._readings import ModuleOrder, Reading, StepView
 
 _SHAPE = ("mean", "std", "min", "max", "absmax", "l2")  # a weight's statistics, compared whole
 _VISIBLE = 1e-3  # a gradient this large against its weight moves it past rounding at any lr
+# A gradient this far below the step's median parameter gradient is negligible: an SGD step
+# that moves the typical parameter by 1e-3 of its size moves this one by about 1e-7 of its
+# own, as much as float32's rounding.
+_NEGLIGIBLE = 1e-4
 
 
 def left_out_of(
@@ -52,7 +65,9 @@ class UpdateRatio:
     ``warmup`` (20). Measured ratios are judged from step ``warmup`` on: a parameter that
     starts at zero (a bias, a LayerNorm's shift, a learned position table) has updates as
     large as itself in its first steps, as it should. A ratio of exactly zero is judged at
-    once.
+    once. Nothing is judged at a step with no update (marked skipped; without an optimizer,
+    one where no watched parameter changed), nor for a parameter whose gradient is below
+    1e-4 times the median of the step's parameter gradients (where ``weight_grad`` is kept).
     """
 
     name = "update_ratio"
@@ -75,7 +90,7 @@ class UpdateRatio:
         self._low = low
         self._high = high
         self._episodes = Episodes(patience=int(steps), recovery=int(steps))
-        self._last_weights: dict[tuple[str, str], tuple[float, ...]] = {}
+        self._last_weights: dict[tuple[str, str], tuple[float | None, ...]] = {}
 
     def observe(self, view: StepView) -> list[Alert]:
         """Alerts of one step's rows."""
@@ -84,9 +99,21 @@ class UpdateRatio:
         weights = {(r.module, r.tensor): r for r in view.first_calls("weight")}
         grads = {(r.module, r.tensor): r for r in view.first_calls("weight_grad")}
         updates = {(r.module, r.tensor): r for r in view.first_calls("update")}
+        shapes = {key: _shape(weight) for key, weight in weights.items()}
+        before = {key: self._last_weights.get(key) for key in weights}
+        self._last_weights.update(shapes)
+        if view.skipped:  # no optimizer step: nothing was updated
+            return []
+        # Without an optimizer, weights that changed tell that the loop updates at all.
+        changed = any(before[key] not in (None, shape) for key, shape in shapes.items())
+        typical = _median([g.rms for g in grads.values() if not g.nonfinite and g.rms > 0])
         alerts = []
         for key, weight in weights.items():
-            ratio = self._ratio(key, weight, grads.get(key), updates.get(key))
+            grad = grads.get(key)
+            if grad is not None and (grad.nonfinite or not grad.rms > _NEGLIGIBLE * typical):
+                continue  # non-finite: the nonfinite rule's; negligible: nothing to apply
+            unchanged = changed and before[key] == shapes[key]
+            ratio = self._ratio(key, weight, grad, updates.get(key), unchanged)
             if ratio is None or (ratio > 0 and view.step < self._warmup):
                 continue
             holds = ratio < self._low or ratio > self._high
@@ -101,22 +128,19 @@ class UpdateRatio:
         weight: Reading,
         grad: Reading | None,
         update: Reading | None,
+        unchanged: bool,
     ) -> float | None:
-        shape = tuple(weight.get(name) for name in _SHAPE)
-        before = self._last_weights.get(key)
-        self._last_weights[key] = shape
         if weight.nonfinite or not weight.get("l2") > 0:
             return None
         if update is not None and not update.nonfinite:
             return update.get("l2") / weight.get("l2")
         if self._left_out is not None:
             return 0.0 if key in self._left_out else None
-        # No update measured and no optimizer known: unchanged whole statistics mean no step
-        # where a gradient flowed that a step would not lose in float32's rounding.
+        # No update measured and no optimizer known: unchanged whole statistics, while others
+        # changed, mean no step where a gradient flowed that a step would not lose in float32's
+        # rounding.
         flowing = grad is not None and not grad.nonfinite and grad.rms > _VISIBLE * weight.rms
-        if before is not None and flowing:
-            return 0.0 if before == shape else None
-        return None
+        return 0.0 if flowing and unchanged else None
 
     def _alert(self, view: StepView, weight: Reading, ratio: float) -> Alert:
         name = weight.module or "the model"
@@ -138,3 +162,13 @@ class UpdateRatio:
             threshold=self._low if ratio < self._low else self._high,
             message=f"update ratio of {name} ({kind}) {weight.tensor} at step {view.step}: {how}",
         )
+
+
+def _median(values: list[float]) -> float:
+    """The median of ``values``; NaN for none."""
+    return statistics.median(values) if values else math.nan
+
+
+def _shape(weight: Reading) -> tuple[float | None, ...]:
+    """A weight's statistics, compared whole; None where NaN (a one-element tensor's std)."""
+    return tuple(None if value != value else value for value in map(weight.get, _SHAPE))
