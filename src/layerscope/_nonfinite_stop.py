@@ -31,16 +31,27 @@ def stop_schedule(config: WatchConfig) -> Schedule:
     return schedule
 
 
-def nonfinite_error(recorder: Recorder, step: int) -> NonFiniteError | None:
-    """The error to stop with if a reading of ``step`` waiting in ``recorder`` is not finite."""
-    found = _first_nonfinite(recorder, step)
-    if found is None:
+def nonfinite_error(
+    recorder: Recorder, step: int, skipped: bool = False
+) -> NonFiniteError | None:
+    """The error to stop with if a reading of ``step`` waiting in ``recorder`` is not finite.
+
+    A step whose optimizer step was skipped (GradScaler found an Inf) with only its gradients
+    non-finite is GradScaler doing its work: it lowers the scale and goes on. No error.
+    """
+    found = _nonfinite(recorder, step)
+    identities = [recorder.identities.identities[code] for code in found]
+    if not identities or (skipped and all(i.kind.value in _GRADIENTS for i in identities)):
         return None
-    return NonFiniteError(_message(recorder.identities.identities[found], step))
+    return NonFiniteError(_message(identities[0], step))
 
 
-def _first_nonfinite(recorder: Recorder, step: int) -> int | None:
-    """The identity code of the first reading of ``step`` that is not finite, if any."""
+# What a loss scaled too far makes non-finite while the forward pass stays finite.
+_GRADIENTS = ("grad", "weight_grad")
+
+
+def _nonfinite(recorder: Recorder, step: int) -> list[int]:
+    """The identity codes of the readings of ``step`` that are not finite, in recording order."""
     buffers = dict(recorder.buffers.values())
     candidates: list[int] = []  # identity codes, in recording order
     flags = []
@@ -59,11 +70,9 @@ def _first_nonfinite(recorder: Recorder, step: int) -> int | None:
             flags.append(rows.nonfinite_pairs(torch.tensor([e.pair for e in own_pairs])))
             candidates += [e.identity for e in own_pairs]
     if not flags:
-        return None
+        return []
     joined = torch.cat([flag.cpu() for flag in flags])  # the one read back to the host
-    if not bool(joined.any()):
-        return None
-    return int(candidates[int(joined.nonzero()[0])])
+    return [int(candidates[index]) for index in joined.nonzero().flatten().tolist()]
 
 
 def _message(identity: Identity, step: int) -> str:

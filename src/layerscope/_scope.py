@@ -436,7 +436,7 @@ class Scope:
         if clock.step_records:
             self._parameters.read_at_step_end(skipped)
         # Raised once the step has ended, so that the scope stays whole to be closed.
-        stop = nonfinite_error(self._recorder, clock.step) if self._stops else None
+        stop = nonfinite_error(self._recorder, clock.step, skipped) if self._stops else None
         if skipped:
             self._recorder.add_scalars(clock.step, {"skipped": 1.0})
         try:

@@ -231,3 +231,28 @@ def test_a_hand_written_update_that_misses_a_layer_is_found():
     ratio = _warnings(scope, "update_ratio")
     assert set(zip(ratio.module, ratio.tensor, strict=True)) == {("2", "weight"), ("2", "bias")}
     assert (ratio.value == 0.0).all()
+
+
+@pytest.mark.parametrize("alerts", [True, "raise"])
+def test_gradients_a_grad_scaler_overflowed_are_not_a_nonfinite_fault(alerts):
+    # GradScaler's routine: Inf in the scaled fp16 gradients, the step skipped, the scale
+    # halved. The forward pass was finite and nothing was applied: no error, no stop.
+    model = mlp([8, 32, 32, 1], activation=nn.GELU)
+    scope = _train_scaled(model, 12, dtype=torch.float16, init_scale=2.0**24, alerts=alerts)
+    frame = scope.frame()
+    skipped = set(scope.frame("scalars").query("name == 'skipped'").step)
+    assert {0, 1} <= skipped
+    overflowed = frame[(frame.kind == "grad") & (frame.inf_count + frame.nan_count > 0)]
+    assert set(overflowed.step) <= skipped
+    assert not overflowed.empty  # the gradients really held Inf
+    assert scope.frame("alerts").query("rule == 'nonfinite'").empty
+    assert scope.current_step == 12  # alerts="raise" did not stop the training
+
+
+def test_a_nan_in_the_forward_pass_of_a_skipped_step_is_still_a_fault():
+    model = mlp([8, 32, 32, 1], activation=nn.GELU)
+    with torch.no_grad():
+        model[0].bias[0] = float("nan")
+    scope = _train_scaled(model, 3, dtype=torch.float16, init_scale=2.0**24)
+    found = scope.frame("alerts").query("rule == 'nonfinite'")
+    assert found.kind.tolist() == ["activation"]

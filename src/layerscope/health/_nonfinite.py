@@ -22,7 +22,9 @@ class NonFinite:
     the outputs before it, were finite); where the forward pass was clean, the first gradient
     in backward order that is non-finite: the backward of the module after it made it. A step
     with no non-finite value ends the episode. Where steps went unseen before the first bad
-    one (no sentinel), the alert says between which steps it happened.
+    one (no sentinel), the alert says between which steps it happened. A step whose optimizer
+    step was skipped (marked ``skipped``: GradScaler found an Inf in the gradients) with only
+    its gradients non-finite is GradScaler at work, not a fault: no alert.
     """
 
     name = "nonfinite"
@@ -36,6 +38,9 @@ class NonFinite:
     def observe(self, view: StepView) -> list[Alert]:
         """Alerts of one step's rows."""
         bad = [r for r in view.readings if r.nonfinite]
+        if view.skipped and all(r.kind in _BACKWARD for r in bad):
+            # GradScaler's overflow: it skipped the step and lowers its scale, by design.
+            bad = []
         previous = self._last_seen.get(view.phase)
         self._last_seen[view.phase] = view.step
         if not self._episodes.observe(view.phase, bool(bad)):
