@@ -242,7 +242,8 @@ def test_calls_hold_the_enter_exit_order_of_one_forward_pass():
         ("exit", "a", 1),
     ]
     assert [c.seq for c in scope.calls] == list(range(6))
-    assert list(scope.frame("calls").columns) == ["seq", "event", "module", "call"]
+    assert [c.step for c in scope.calls] == [0] * 6  # step 1 called them alike: kept once
+    assert list(scope.frame("calls").columns) == ["step", "seq", "event", "module", "call"]
 
 
 def test_frame_has_the_contract_columns_and_custom_ones():

@@ -33,7 +33,7 @@ def column_names(table: str, stats: list[str]) -> list[str]:
         "stats": stats,
         "scalars": ["step", "name", "value"],
         "alerts": ALERT_COLUMNS,
-        "calls": ["seq", "event", "module", "call"],
+        "calls": ["step", "seq", "event", "module", "call"],
     }[table]
 
 
@@ -54,7 +54,7 @@ def memory_frame(memory: MemorySink, table: str, stats: list[str]) -> pandas.Dat
         alerts = [[getattr(alert, name) for name in ALERT_COLUMNS] for alert in memory.alerts]
         return pd.DataFrame(alerts, columns=ALERT_COLUMNS)
     return pd.DataFrame(
-        [(c.seq, c.event, c.module, c.call) for c in memory.calls],
+        [(c.step, c.seq, c.event, c.module, c.call) for c in memory.calls],
         columns=column_names(table, stats),
     )
 

@@ -89,15 +89,21 @@ class LayerHooks:
         self._pass_ended = True  # a backward pass ended since the pass began
         self._call_counts: dict[tuple[str, str], int] = {}
         self._checkpointed: dict[str, list[int]] = {}  # calls whose grads wait for recompute
-        self._calls: list[CallEvent] = []
-        self._calls_step: int | None = None  # the step whose call order is recorded
-        self._calls_open = True
-        self._calls_sent = False
+        self._calls: list[CallEvent] = []  # the call order of the step in progress, so far
+        self._calls_open = True  # the step's first training pass is logging its call order
+        self._sent_calls: list[CallEvent] = []
+        self._last_order: list[tuple[str, str, int]] | None = None
 
     @property
     def calls(self) -> list[CallEvent]:
-        """Enter and exit order of the watched modules in the first recorded training pass."""
-        return list(self._calls)
+        """The call order of the first recorded step, and of each later one whose differs.
+
+        Each is the enter and exit order of the watched modules in the step's first training
+        pass; a step whose order is the one before's is left out (most models call their
+        modules alike every step).
+        """
+        unsent = self._calls if _order(self._calls) != self._last_order else []
+        return [*self._sent_calls, *unsent]
 
     # ---------------------------------------------------------------- registration
 
@@ -137,7 +143,7 @@ class LayerHooks:
             self._attach()
         elif not wanted and len(self._target_handles) and not self._stays_static():
             self._target_handles.remove()
-            self._call_order_handles.remove()
+        self._sync_call_log(wanted)
 
     def remove(self) -> None:
         """Take every hook off; safe to call twice."""
@@ -149,17 +155,30 @@ class LayerHooks:
         self._checkpointed.clear()
 
     def _attach(self) -> None:
-        log_calls = Kind.INPUT not in self._kinds and self._calls_open
         for (_, module), enter, exit_ in zip(
             self._targets, self._on_enter_hooks, self._on_exit_hooks, strict=True
         ):
             if Kind.INPUT in self._kinds:
                 pre = module.register_forward_pre_hook(enter, with_kwargs=True)
                 self._target_handles.add(pre)
-            elif log_calls:
+            self._target_handles.add(module.register_forward_hook(exit_))
+
+    def _sync_call_log(self, wanted: bool) -> None:
+        """The pre-hooks that log entries: on a recorded step only (input hooks log too).
+
+        A compiled model's hooks must not come and go: there only the first recorded step's
+        order is logged, as hooks added after the first compiled call never fire.
+        """
+        if self._static:
+            log = not self._sent_calls and Kind.INPUT not in self._kinds
+        else:
+            log = wanted and self._clock.step_records and Kind.INPUT not in self._kinds
+        if log and not len(self._call_order_handles):
+            for (_, module), enter in zip(self._targets, self._on_enter_hooks, strict=True):
                 pre = module.register_forward_pre_hook(enter, with_kwargs=True)
                 self._call_order_handles.add(pre)
-            self._target_handles.add(module.register_forward_hook(exit_))
+        elif not log and len(self._call_order_handles):
+            self._call_order_handles.remove()
 
     def _stays_static(self) -> bool:
         """Whether the hooks stay on for good: once the user compiled anything, they do."""
@@ -225,21 +244,22 @@ class LayerHooks:
         self._pass_ended = True
 
     def step_ended(self) -> None:
-        """The step in progress ends: send its call order if it has one; passes start over."""
-        if self._calls_step == self._clock.step:
-            self._calls_open = False
-            self.send_calls()
-        if not self._calls_open:
-            self._call_order_handles.remove()
+        """The step in progress ends: send its call order if it is new; passes start over."""
+        self.send_calls()
+        self._calls_open = True
         self._pass_entries = set()  # the next forward begins a pass
         self._call_counts.clear()
         self._checkpointed.clear()
 
     def send_calls(self) -> None:
-        """Send the call order to the sinks, once."""
-        if self._calls and not self._calls_sent:
-            self._calls_sent = True
-            self._pipeline.submit(Records(calls=list(self._calls)))
+        """Send the call order of the step in progress, unless it is the last one sent."""
+        calls, self._calls = self._calls, []
+        order = _order(calls)
+        if not calls or order == self._last_order:
+            return
+        self._last_order = order
+        self._sent_calls += calls
+        self._pipeline.submit(Records(calls=calls))
 
     # ---------------------------------------------------------------- module hooks
 
@@ -342,13 +362,16 @@ class LayerHooks:
             self._meter.seconds += time.perf_counter() - start
 
     def _log_call(self, event: str, target: Target, call: int) -> None:
-        if self._calls_step is None:
-            self._calls_step = self._clock.step
-        if self._calls_step == self._clock.step:
-            self._calls.append(CallEvent(len(self._calls), event, target.name, call))
+        step = self._clock.step
+        self._calls.append(CallEvent(step, len(self._calls), event, target.name, call))
 
 
 def _inputs(args: Any, kwargs: Any) -> Iterator[tuple[str, Tensor]]:
     yield from named_tensors(tuple(args), "in")
     for key, value in (kwargs or {}).items():
         yield from named_tensors(value, f"in.{key}")
+
+
+def _order(calls: list[CallEvent]) -> list[tuple[str, str, int]]:
+    """What makes two steps' call orders the same: their events, whatever the step."""
+    return [(c.event, c.module, c.call) for c in calls]

@@ -33,8 +33,9 @@ class ModuleInfo:
 
 @dataclass(frozen=True, slots=True)
 class CallEvent:
-    """A module entering or leaving its forward during the recorded step."""
+    """A module entering or leaving its forward during a recorded step's first training pass."""
 
+    step: int
     seq: int
     event: str  # "enter" or "exit"
     module: str

@@ -219,7 +219,11 @@ class Scope:
 
     @property
     def calls(self) -> list[CallEvent]:
-        """Enter and exit order of the watched modules' forwards in the first recorded step."""
+        """Enter and exit order of the watched modules' forwards in recorded steps.
+
+        The first recorded step's, then each later recorded step's whose order differs (a
+        model whose branches change between steps); each event carries its step.
+        """
         return self._layers.calls
 
     def step(self, **scalars: float | Tensor) -> None:
@@ -275,7 +279,8 @@ class Scope:
         Args:
             table: ``"stats"`` (one row per step, phase, rank, module, kind, tensor and call),
                 ``"scalars"`` (step, name, value), ``"alerts"`` (the health rules' findings)
-                or ``"calls"`` (seq, event, module, call).
+                or ``"calls"`` (step, seq, event, module, call: the call order of the first
+                recorded step, and of each later one whose order differs).
 
         Returns:
             A new DataFrame; later steps do not change it.

@@ -45,6 +45,7 @@ ALERTS_SCHEMA = pa.schema(
 )
 CALLS_SCHEMA = pa.schema(
     [
+        ("step", pa.int64()),
         ("seq", pa.int64()),
         ("event", pa.string()),
         ("module", pa.string()),
@@ -276,8 +277,9 @@ def alerts_table(alerts: list[Alert], rank: int) -> pa.Table:
 
 
 def calls_table(calls: list[CallEvent], rank: int) -> pa.Table:
-    """The call order of rank ``rank`` as an Arrow table."""
+    """The call orders of rank ``rank`` as an Arrow table."""
     columns = [
+        numeric(np.array([c.step for c in calls]), pa.int64()),
         numeric(np.array([c.seq for c in calls]), pa.int64()),
         strings([c.event for c in calls]),
         strings([c.module for c in calls]),

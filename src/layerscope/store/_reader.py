@@ -247,7 +247,12 @@ class Run:
 
     @property
     def calls(self) -> pandas.DataFrame:
-        """seq, event, module, call, rank: the order of one forward pass, of each rank."""
+        """step, seq, event, module, call, rank: call orders of recorded steps, of each rank.
+
+        The enter and exit order of the watched modules in a recorded step's first training
+        pass: the first recorded step's, then each later one whose order differs from the
+        last one kept. Runs written before this column have one order and no ``step``.
+        """
         return self._frame("calls")
 
     def sql(self, query: str, params: Parameters = None) -> pandas.DataFrame:

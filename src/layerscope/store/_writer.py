@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from layerscope._imports import require
+from layerscope._modules import CallEvent
 from layerscope.sinks._base import Records, RunInfo, RunSummary
 from layerscope.store._compaction import compact
 from layerscope.store._files import (
@@ -127,6 +128,7 @@ class ParquetStore:
         self._pending: dict[str, list[Any]] = {table: [] for table in SEGMENTED_TABLES}
         self._pending_last: dict[str, int] = {}  # the last step of each table's pending rows
         self._calls: Any = None
+        self._all_calls: list[CallEvent] = []
         self._segments: dict[str, int] = {}
         self._meta: dict[str, Any] = {}
         self._run_file: RunFile | None = None  # once the rank's files are made
@@ -293,7 +295,10 @@ class ParquetStore:
             self._pending["alerts"].append(alerts_table(records.alerts, self._rank()))
             self._last("alerts", max(alert.step for alert in records.alerts))
         if records.calls:
-            self._calls = calls_table(records.calls, self._rank())
+            # Every call order logged so far: calls.parquet is written whole again (a model
+            # whose order changes often has few modules a step, or small orders).
+            self._all_calls.extend(records.calls)
+            self._calls = calls_table(self._all_calls, self._rank())
 
     def _last(self, table: str, step: int) -> int:
         """Keep ``step`` as the last of ``table``'s pending rows if it is later; return it."""
