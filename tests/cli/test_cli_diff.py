@@ -43,7 +43,7 @@ def test_modules_only_one_run_has_are_warned_about_and_the_rest_compared(tmp_pat
     run_b = forward_only(longer, tmp_path / "b")
     status, out, _ = cli("diff", run_a, run_b, "--plain", "--top", "0")
     assert status == 0
-    assert "warning: rows of module 3 are only in B" in out
+    assert "warning: module 3 only in B" in out
     assert {row[0] for row in rows_of(out, "layers")} == {"0", "1", "2"}
 
 
@@ -66,3 +66,23 @@ def test_relative_difference_puts_nan_inf_and_zero_against_nonzero_first():
     assert relative_difference(1.0, float("inf")) == float("inf")
     assert relative_difference(0.0, 1e-9) == float("inf")
     assert relative_difference(float("inf"), float("inf")) == 0.0
+
+
+def test_runs_of_other_architectures_compare_only_the_layers_they_share(cli, tmp_path):
+    """A module of one name but another type is not the same layer: not compared."""
+    torch.manual_seed(0)
+    narrow = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    torch.manual_seed(0)
+    normed = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
+    a = train(narrow, tmp_path / "a")
+    b = train(normed, tmp_path / "b")
+    status, out, _ = cli("diff", a, b, "--plain", "--top", "0")
+    assert status == 0
+    assert (
+        "warning: not compared, of another type in each run: 1: ReLU in A, LayerNorm in B; "
+        "2: Linear in A, ReLU in B" in out
+    )
+    assert "warning: module 3 only in B" in out
+    table = out[out.index("layers, most different first") :]
+    compared = {line.split()[0] for line in table.splitlines()[3:] if line.strip()}
+    assert compared == {"0"}

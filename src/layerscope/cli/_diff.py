@@ -57,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
         _queries.stats_columns(run_b)
     )
     types_a, types_b = module_types(run_a), module_types(run_b)
+    # A module of one name but another type (another architecture) is not the same layer.
+    retyped = sorted(
+        name for name in types_a.keys() & types_b.keys() if types_a[name] != types_b[name]
+    )
+    rows_a, rows_b = rows_a[~rows_a.module.isin(retyped)], rows_b[~rows_b.module.isin(retyped)]
     order = in_model_order(set(rows_a.module) | set(rows_b.module), types_a or types_b)
     comparison = compare(rows_a, rows_b, recorded, order)
 
@@ -70,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             ("compared", f"{steps}, phase {args.phase}, rank {rank_a} of A, rank {rank_b} of B"),
         ],
     )
-    for warning in _warnings(comparison, types_a, types_b):
+    for warning in _warnings(comparison, retyped, types_a, types_b):
         output.line(f"warning: {warning}", style="yellow")
     if not comparison.differences:
         output.line("nothing to compare: no tensor is in both runs")
@@ -141,20 +146,36 @@ def _describe(run: Run) -> str:
 
 
 def _warnings(
-    comparison: Comparison, types_a: dict[str, str], types_b: dict[str, str]
+    comparison: Comparison, retyped: list[str], types_a: dict[str, str], types_b: dict[str, str]
 ) -> list[str]:
-    """Modules or tensors only one run has, and modules whose types differ."""
+    """Modules of other types in the two runs (not compared), and what only one run has."""
     warnings = []
+    if retyped:
+        each = "; ".join(
+            f"{shown_name(name)}: {types_a[name]} in A, {types_b[name]} in B"
+            for name in retyped[:_NAMES_LISTED]
+        )
+        more = f"; and {len(retyped) - _NAMES_LISTED} more" if len(retyped) > _NAMES_LISTED else ""
+        warnings.append(f"not compared, of another type in each run: {each}{more}")
     for label, keys in (("A", comparison.only_a), ("B", comparison.only_b)):
-        modules = sorted({module for module, *_ in keys})
-        if modules:
-            warnings.append(f"rows of {_listed(modules)} are only in {label}")
-    for module in sorted(types_a.keys() & types_b.keys()):
-        if types_a[module] != types_b[module]:
-            warnings.append(
-                f"module {shown_name(module)} is a {types_a[module]} in A, a {types_b[module]} in B"
+        whole = sorted({module for module, *_ in keys} - set(comparison_modules(comparison)))
+        if whole:
+            warnings.append(f"{_listed(whole)} only in {label}")
+        partial = [key for key in keys if key[0] not in whole]
+        if partial:
+            shown = ", ".join(
+                f"{shown_name(module)} {kind} {tensor}"
+                for module, kind, tensor, _ in partial[:_NAMES_LISTED]
             )
+            hidden = len(partial) - _NAMES_LISTED
+            tail = f" and {hidden} more" if hidden > 0 else ""
+            warnings.append(f"tensors only in {label}: {shown}{tail}")
     return warnings
+
+
+def comparison_modules(comparison: Comparison) -> set[str]:
+    """The modules of which some tensor is compared."""
+    return {difference.module for difference in comparison.differences}
 
 
 def _listed(modules: list[str]) -> str:
