@@ -31,9 +31,7 @@ def stop_schedule(config: WatchConfig) -> Schedule:
     return schedule
 
 
-def nonfinite_error(
-    recorder: Recorder, step: int, skipped: bool = False
-) -> NonFiniteError | None:
+def nonfinite_error(recorder: Recorder, step: int, skipped: bool = False) -> NonFiniteError | None:
     """The error to stop with if a reading of ``step`` waiting in ``recorder`` is not finite.
 
     A step whose optimizer step was skipped (GradScaler found an Inf) with only its gradients

@@ -421,7 +421,7 @@ def test_animate_pca_of_one_sample_is_a_clear_error(tmp_path):
     ("arguments", "match"),
     [
         ({"what": "scatter"}, r"what: expected one of \('histogram', 'heatmap', 'pca', 'values'\)"),
-        ({"what": "histogram"}, "what: 'histogram' draws the log2 histograms a run recorded"),
+        ({"what": "histogram"}, "what: 'histogram' draws the histograms a run recorded"),
         ({"module": "9"}, r"module: no whole tensors of '9'; kept of modules \['0', '2'\]"),
         ({"kind": "input"}, r"kind: no 'input' tensors of module '0'; kept \['activation', 'grad'"),
         ({"kind": "gradient"}, "kind: expected one of"),

@@ -22,7 +22,7 @@ from layerscope.cli import build_parser
 )
 def test_a_bad_argument_is_one_line_naming_it(cli, run_dir, tmp_path, argv, said):
     argv = [arg.format(run=run_dir, tmp=tmp_path) for arg in argv]
-    status, out, err = cli(*argv)
+    status, _out, err = cli(*argv)
     assert status == 2
     assert said in err
     assert "Traceback" not in err
@@ -44,7 +44,7 @@ def test_serve_on_a_taken_port_says_so_and_nothing_else(cli, tmp_path):
     taken.listen()
     port = taken.getsockname()[1]
     with taken:
-        status, out, err = cli("serve", tmp_path, "--port", port)
+        status, _out, err = cli("serve", tmp_path, "--port", port)
     assert status == 2
     assert err.strip().splitlines() == [
         f"layerscope serve: cannot listen on 127.0.0.1:{port}: Address already in use"

@@ -46,7 +46,16 @@ def test_runs_of_a_missing_folder_fails_naming_root_and_an_empty_one_lists_nothi
         layerscope.runs(None)
     listed = layerscope.runs(tmp_path)
     assert len(listed) == 0
-    assert list(listed.columns) == ["name", "path", "status", "steps", "ranks", "started", "ended"]
+    assert list(listed.columns) == [
+        "name",
+        "path",
+        "status",
+        "steps",
+        "ranks",
+        "started",
+        "ended",
+        "error",
+    ]
 
 
 def test_a_run_without_stats_rows_has_an_empty_stats_table_of_the_full_schema(tmp_path):

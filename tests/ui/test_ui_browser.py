@@ -107,6 +107,7 @@ def test_the_runs_then_a_run(page, server, screenshots):
     assert len(z) == 3
     assert len(z[0]) == 6
     assert page.locator("#run-steps").inner_text() == "6 steps"
+    page.wait_for_selector("#modules .module-name")  # the tree is filled in after the page
     assert "Linear" in page.locator("#modules").inner_text()
     overhead = page.locator("#overhead").inner_text()
     assert "training thread" in overhead

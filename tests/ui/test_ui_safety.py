@@ -99,13 +99,17 @@ def test_the_page_builds_no_html_from_data():
 def test_serve_binds_loopback_unless_told(monkeypatch, runs_root, capsys):
     args = build_parser().parse_args(["serve", str(runs_root)])
     assert (args.host, args.port) == ("127.0.0.1", 8765)
-    calls = []
-    monkeypatch.setattr("uvicorn.run", lambda app, **options: calls.append(options))
-    _server.serve(runs_root)
-    assert calls[-1]["host"] == "127.0.0.1"
+    bound = []
+
+    def run(server, sockets):
+        bound.append((server.config.host, *sockets[0].getsockname()[:2]))
+
+    monkeypatch.setattr("uvicorn.Server.run", run)
+    _server.serve(runs_root, port=0)
+    assert bound[-1][:2] == ("127.0.0.1", "127.0.0.1")
     assert "warning" not in capsys.readouterr().err
-    _server.serve(runs_root, host="0.0.0.0", port=9000)
-    assert calls[-1] == {"host": "0.0.0.0", "port": 9000, "log_level": "warning"}
+    _server.serve(runs_root, host="0.0.0.0", port=0)
+    assert bound[-1][:2] == ("0.0.0.0", "0.0.0.0")
     assert "warning: serving" in capsys.readouterr().err
 
 

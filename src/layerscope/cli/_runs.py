@@ -1,4 +1,8 @@
-"""``layerscope runs [DIR]``: the runs under a folder, their status, steps and alerts."""
+"""``layerscope runs [DIR]``: the runs under a folder, their status, steps and alerts.
+
+A run whose ``run.json`` cannot be read is listed as ``unreadable``, and why is said below the
+table, one line each: one damaged run does not hide the others.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,14 @@ from layerscope.cli._open import list_runs
 if TYPE_CHECKING:
     from layerscope.cli._command import Subparsers
 
-STATUS_STYLES = {"crashed": "bold red", "failed": "red", "running": "cyan", "finished": "green"}
+UNREADABLE = "unreadable"  # as layerscope.store.runs says it
+STATUS_STYLES = {
+    "crashed": "bold red",
+    "failed": "red",
+    "running": "cyan",
+    "finished": "green",
+    UNREADABLE: "bold red",
+}
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -22,7 +33,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "runs",
         help="the runs under a folder",
         description="List the runs directly under DIR: name, status, steps, ranks, start "
-        "time and number of alerts. A run marked running whose writer stopped shows crashed.",
+        "time and number of alerts. A run marked running whose writer stopped shows crashed; "
+        "one whose run.json cannot be read shows unreadable, and why.",
     )
     parser.add_argument(
         "dir", nargs="?", default="runs", metavar="DIR", help="the folder (default: runs)"
@@ -49,19 +61,27 @@ def run(args: argparse.Namespace) -> int:
         Column("alerts", numeric=True),
     ]
     table = Table(f"runs under {args.dir}", columns + ([Column("path")] if renamed else []))
+    unreadable = []
     for record in records:
-        cells = [
-            _format.text(record["name"]),
-            _format.text(record["status"]),
-            _format.number(record["steps"]),
-            _format.number(record["ranks"]),
-            _time(record["started"]),
-            _alert_count(record["path"]),
-        ]
+        name = _format.text(record["name"])
+        if record["status"] == UNREADABLE:
+            unreadable.append((name, str(record["error"])))
+            cells = [name, UNREADABLE, *[_format.MISSING] * 4]
+        else:
+            cells = [
+                name,
+                _format.text(record["status"]),
+                _count(record["steps"]),
+                _count(record["ranks"]),
+                _time(record["started"]),
+                _alert_count(record["path"]),
+            ]
         table.add(
             cells + ([record["path"]] if renamed else []), STATUS_STYLES.get(record["status"])
         )
     output.table(table)
+    if unreadable:
+        output.fields("unreadable runs", unreadable)
     return 0
 
 
@@ -73,6 +93,13 @@ def _alert_count(path: str) -> str:
         return str(len(load(path).alerts))
     except (OSError, ValueError):  # removed or damaged since it was listed
         return _format.MISSING
+
+
+def _count(value: Any) -> str:
+    """A count of the frame (nullable integers: NA where the run does not say)."""
+    import pandas
+
+    return _format.MISSING if pandas.isna(value) else _format.number(value)
 
 
 def _time(value: Any) -> str:

@@ -1,4 +1,8 @@
-"""Listing runs: ``runs(root)`` gives a DataFrame of the runs directly under a folder."""
+"""Listing runs: ``runs(root)`` gives a DataFrame of the runs directly under a folder.
+
+A folder is a shared place: one run with a damaged ``run.json`` must not hide the others, so
+it is listed too, as ``unreadable`` with the reason, and the rest are listed as they are.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +10,33 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from layerscope._imports import require
-from layerscope.store._damage import warn_damaged
-from layerscope.store._layout import RUN_FILE, directory_rank
+from layerscope.store._layout import (
+    CALLS_FILE,
+    MODULES_FILE,
+    RUN_FILE,
+    SEGMENTED_TABLES,
+    directory_rank,
+    segment_range,
+)
 from layerscope.store._reader import Run
 
 if TYPE_CHECKING:
     import pandas
 
+UNREADABLE = "unreadable"
+MISSING = "missing, though the folder holds a run's other files"
+COLUMNS = ("name", "path", "status", "steps", "ranks", "started", "ended", "error")
+
 
 def runs(root: str | os.PathLike[str]) -> pandas.DataFrame:
-    """The runs directly under ``root``: name, path, status, steps, ranks, started, ended.
+    """The runs directly under ``root``: name, path, status, steps, ranks, started, ended, error.
 
     ``ranks`` counts the ranks that wrote files. A run's rank directories are not runs.
+    A run whose ``run.json`` cannot be read is listed too, with status ``"unreadable"``, its
+    folder's name for ``name``, nothing (NA, NaT) in ``steps``, ``ranks``, ``started`` and
+    ``ended``, and in ``error`` why: the file and the field to blame, as ``RunFileError``
+    says it. ``error`` is None for the others. ``steps`` and ``ranks`` are nullable integers
+    (``Int64``), so that an unreadable run leaves the others' counts integers.
 
     Raises:
         TypeError: ``root`` is not a path or URL.
@@ -26,55 +45,112 @@ def runs(root: str | os.PathLike[str]) -> pandas.DataFrame:
 
     Example::
 
-        layerscope.runs("runs")
+        listed = layerscope.runs("runs")
+        listed[listed["status"] == "unreadable"][["name", "error"]]
+    """
+    pandas = require("pandas", "dataframe")
+    rows = [row for name, location in run_folders(root) if (row := run_row(location, name))]
+    frame = pandas.DataFrame(rows, columns=list(COLUMNS))
+    for column in ("steps", "ranks"):
+        frame[column] = frame[column].astype("Int64")
+    for column in ("started", "ended"):
+        frame[column] = pandas.to_datetime(frame[column], unit="s")
+    # None, not NaN, where there is no error (a column of strings would make it NaN).
+    frame["error"] = pandas.Series([row["error"] for row in rows], dtype=object)
+    return frame
+
+
+def run_folders(root: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    """(name, location) of each folder directly under ``root`` that holds a run.
+
+    A run is a folder with a ``run.json`` of its own or of a rank's, or one whose ``run.json``
+    was lost but that holds a run's other files: the listing names it as unreadable.
+
+    Raises:
+        TypeError, FileNotFoundError, NotADirectoryError: as ``runs``.
     """
     if not isinstance(root, str | os.PathLike):
         raise TypeError(f"root: expected the path or URL of a folder, got {type(root).__name__}")
-    pandas = require("pandas", "dataframe")
     fsspec = require("fsspec", "dataframe")
     fs, base = fsspec.core.url_to_fs(os.fspath(root))
     if not fs.exists(base):
         raise FileNotFoundError(f"root: no folder at {os.fspath(root)}")
     if not fs.isdir(base):
         raise NotADirectoryError(f"root: {os.fspath(root)} is a file, not a folder of runs")
-    rows = []
+    local = fs.protocol in ("file", ("file", "local"))
+    folders = []
     for entry in sorted(fs.ls(base, detail=False)):
-        if not _holds_run(fs, entry.rstrip("/")):
+        directory = entry.rstrip("/")
+        if not holds_run(fs, directory):
             continue
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
-        local = fs.protocol in ("file", ("file", "local"))
-        location = entry if local else f"{os.fspath(root).rstrip('/')}/{name}"
-        try:
-            meta = Run(location).meta
-        except (OSError, ValueError) as error:
-            warn_damaged(location, error)
-            continue
-        rank = directory_rank(name)
-        if rank is not None and meta.get("rank") == rank:
-            continue  # the directory of a rank of the run at root, not a run
-        rows.append(
-            {
-                "name": meta.get("name"),
-                "path": location,
-                "status": meta.get("status"),
-                "steps": meta.get("steps"),
-                "ranks": len(meta["ranks"]),
-                "started": pandas.to_datetime(meta.get("started"), unit="s"),
-                "ended": pandas.to_datetime(meta.get("ended"), unit="s"),
-            }
+        name = directory.rsplit("/", 1)[-1]
+        folders.append((name, entry if local else f"{os.fspath(root).rstrip('/')}/{name}"))
+    return folders
+
+
+def run_row(location: str, name: str) -> dict[str, Any] | None:
+    """The row of ``runs`` of the run at ``location`` (folder ``name``), times in seconds.
+
+    None for the directory of a rank of the run at the root, which is not a run of its own.
+    """
+    rank = directory_rank(name)
+    try:
+        meta = Run(location).meta
+    except (OSError, ValueError) as error:
+        if rank is not None:
+            return None  # a rank's own run.json: the reader of its run names it
+        missing = isinstance(error, FileNotFoundError)  # a run's files, but no run.json
+        return {
+            **dict.fromkeys(COLUMNS),
+            "name": name,
+            "path": location,
+            "status": UNREADABLE,
+            "error": f"{location}/{RUN_FILE}: {MISSING}" if missing else str(error),
+        }
+    if rank is not None and meta.get("rank") == rank:
+        return None
+    return {
+        "name": meta.get("name"),
+        "path": location,
+        "status": meta.get("status"),
+        "steps": meta.get("steps"),
+        "ranks": len(meta["ranks"]),
+        "started": meta.get("started"),
+        "ended": meta.get("ended"),
+        "error": None,
+    }
+
+
+def holds_run(fs: Any, directory: str) -> bool:
+    """Whether ``directory`` holds a run, or what is left of one.
+
+    A run has a ``run.json`` of its own or of one of its ranks; one whose ``run.json`` was
+    lost still has a run's other files (``modules.json``, ``calls.parquet``, a table's
+    segments).
+    """
+    try:
+        if fs.exists(f"{directory}/{RUN_FILE}"):
+            return True
+        if not fs.isdir(directory):
+            return False
+        listed = [path.rstrip("/") for path in fs.ls(directory, detail=False)]
+        names = {path.rsplit("/", 1)[-1]: path for path in listed}
+        return (
+            any(
+                directory_rank(name) is not None and fs.exists(f"{path}/{RUN_FILE}")
+                for name, path in names.items()
+            )
+            or MODULES_FILE in names
+            or CALLS_FILE in names
+            or any(
+                table in names and fs.isdir(names[table]) and _holds_segments(fs, names[table])
+                for table in SEGMENTED_TABLES
+            )
         )
-    columns = ["name", "path", "status", "steps", "ranks", "started", "ended"]
-    return pandas.DataFrame(rows, columns=columns)
-
-
-def _holds_run(fs: Any, directory: str) -> bool:
-    """Whether ``directory`` holds a run: a ``run.json`` of its own or of one of its ranks."""
-    if fs.exists(f"{directory}/{RUN_FILE}"):
-        return True
-    if not fs.isdir(directory):
+    except OSError:  # a folder this user may not read (lost+found): no run of theirs
         return False
-    return any(
-        directory_rank(path.rstrip("/").rsplit("/", 1)[-1]) is not None
-        and fs.exists(f"{path.rstrip('/')}/{RUN_FILE}")
-        for path in fs.ls(directory, detail=False)
-    )
+
+
+def _holds_segments(fs: Any, folder: str) -> bool:
+    names = (path.rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(folder, detail=False))
+    return any(segment_range(name) is not None for name in names)

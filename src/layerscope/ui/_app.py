@@ -5,10 +5,23 @@ through ``RunCatalog``, which refuses any other name with 404. Answers are JSON,
 pickles; the page builds its DOM with ``textContent`` from them, and a Content-Security-Policy
 lets it run only its own scripts and talk only to this server.
 
+Runs are input from anywhere, so no file of a run can make a route fail unanswered:
+
+    400  a bad argument: ``{"error": "stat: ..."}``, naming the argument
+    404  no such run: ``{"error": "no such run"}``
+    422  the run's files are damaged: ``{"error": "RUN/run.json: started: expected a number,
+         got ...", "file": "RUN/run.json", "field": "started"}`` (``file`` and ``field`` where
+         one is to blame; a file that cannot be read at all says what the reader said)
+    500  anything else, a bug: ``{"error": "internal error"}``, the traceback in the log
+
+An answer read with files left out (a damaged segment, a copy of one) says which and why:
+``"skipped": [{"file": "RUN/stats/seg-000002.parquet", "reason": "..."}]``. Files are named
+relative to the root, never by where the root is on the server's disk.
+
 API (``RUN`` is a run's folder name; ``kind``, ``tensor``, ``phase``, ``rank`` select rows as
 in the figures, ``columns`` caps the columns of steps)::
 
-    /api/runs                              the runs: id, name, status, steps, alerts
+    /api/runs                              the runs: id, name, status, steps, alerts, error
     /api/runs/RUN                          status, ranks, kinds and tensors, stats, overhead
     /api/runs/RUN/modules                  the module tree
     /api/runs/RUN/scalars?rank=            scalars over steps
@@ -22,6 +35,7 @@ in the figures, ``columns`` caps the columns of steps)::
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -35,7 +49,8 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from layerscope.store import Run
+from layerscope._imports import require
+from layerscope.store import Run, RunFileError
 from layerscope.ui import _assets, _distributions, _heatmap, _overview
 from layerscope.ui._catalog import RunCatalog, UnknownRunError
 from layerscope.ui._query import MAX_COLUMNS, Selection, bucket_width
@@ -53,6 +68,7 @@ _MAX_COLUMNS_ASKED = 5000
 _ENCODED_SEPARATORS = (b"%2f", b"%5c", b"%00")
 
 Handler = Callable[[Request], Any]
+_log = logging.getLogger("layerscope.ui")
 
 
 class JSONError(Exception):
@@ -77,6 +93,10 @@ def create_app(root: str | os.PathLike[str], *, host: str = "127.0.0.1") -> Star
     """
     catalog = RunCatalog(root)
     cache = AnswerCache()
+    unreadable = _reading_errors()
+
+    def api(handler: Handler) -> Callable[[Request], Response]:
+        return _json(handler, catalog, unreadable)
 
     def runs(request: Request) -> dict[str, Any]:
         return {"root": catalog.root.name, "runs": catalog.listing()}
@@ -84,48 +104,56 @@ def create_app(root: str | os.PathLike[str], *, host: str = "127.0.0.1") -> Star
     def summary(request: Request) -> dict[str, Any]:
         name = request.path_params["run"]
         fresh = catalog.fresh(name)
-        answer: dict[str, Any] = cache.get(request, fresh, lambda: _overview.summary(fresh, name))
+        answer: dict[str, Any] = cache.get(
+            request, fresh, lambda: catalog.noted(_overview.summary(fresh, name), fresh)
+        )
         return answer
 
     def modules(request: Request) -> dict[str, Any]:
-        return {"modules": _overview.modules(catalog.run(request.path_params["run"]))}
+        run = catalog.run(request.path_params["run"])
+        return catalog.noted({"modules": _overview.modules(run)}, run)
 
     def scalars(request: Request) -> dict[str, Any]:
         run = catalog.run(request.path_params["run"])
-        return _overview.scalars(run, _integer(request, "rank", 0))
+        return catalog.noted(_overview.scalars(run, _integer(request, "rank", 0)), run)
 
     def alerts(request: Request) -> dict[str, Any]:
         run = catalog.run(request.path_params["run"])
-        return _overview.alerts(run, _integer(request, "rank", 0))
+        return catalog.noted(_overview.alerts(run, _integer(request, "rank", 0)), run)
 
     def heatmap(request: Request) -> dict[str, Any]:
         run, selection, width, fresh = _chart(catalog, request)
         stat = _text(request, "stat", "absmax")
         answer: dict[str, Any] = cache.get(
-            request, fresh, lambda: _heatmap.heatmap(run, selection, stat, width)
+            request,
+            fresh,
+            lambda: catalog.noted(_heatmap.heatmap(run, selection, stat, width), run, fresh),
         )
         return answer
 
     def series(request: Request) -> dict[str, Any]:
-        run, selection, width, _ = _chart(catalog, request)
-        return _heatmap.series(run, selection, _text(request, "module"), width)
+        run, selection, width, fresh = _chart(catalog, request)
+        answer = _heatmap.series(run, selection, _text(request, "module"), width)
+        return catalog.noted(answer, run, fresh)
 
     def colordim(request: Request) -> dict[str, Any]:
-        run, selection, width, _ = _chart(catalog, request)
-        return _distributions.color_dim(run, selection, _text(request, "module"), width)
+        run, selection, width, fresh = _chart(catalog, request)
+        answer = _distributions.color_dim(run, selection, _text(request, "module"), width)
+        return catalog.noted(answer, run, fresh)
 
     def distribution(request: Request) -> dict[str, Any]:
-        run, selection, _, _ = _chart(catalog, request)
+        run, selection, _, fresh = _chart(catalog, request)
         module = _text(request, "module")
-        return _distributions.distribution(run, selection, module, _integer(request, "step"))
+        answer = _distributions.distribution(run, selection, module, _integer(request, "step"))
+        return catalog.noted(answer, run, fresh)
 
     routes = [
         Route("/", _page, methods=["GET"]),
         Route("/static/{file}", _static, methods=["GET"]),
-        Route("/api/runs", _json(runs), methods=["GET"]),
-        Route("/api/runs/{run}", _json(summary), methods=["GET"]),
+        Route("/api/runs", api(runs), methods=["GET"]),
+        Route("/api/runs/{run}", api(summary), methods=["GET"]),
         *(
-            Route(f"/api/runs/{{run}}/{name}", _json(handler), methods=["GET"])
+            Route(f"/api/runs/{{run}}/{name}", api(handler), methods=["GET"])
             for name, handler in [
                 ("modules", modules),
                 ("scalars", scalars),
@@ -179,21 +207,38 @@ def _chart(catalog: RunCatalog, request: Request) -> tuple[Run, Selection, int, 
     return run, selection, bucket_width(run, fresh.meta.get("steps"), columns), fresh
 
 
-def _json(handler: Handler) -> Callable[[Request], Any]:
-    """``handler``'s result as JSON, its errors as 400 (bad argument) or 404 (no such run)."""
+def _json(
+    handler: Handler, catalog: RunCatalog, unreadable: tuple[type[Exception], ...]
+) -> Callable[[Request], Response]:
+    """``handler``'s result as JSON; its errors as 400, 404 or 422 (see the module's doc)."""
 
     def endpoint(request: Request) -> Response:
         try:
             return JSONResponse(handler(request))
         except UnknownRunError:
             return JSONResponse({"error": "no such run"}, status_code=404)
+        except RunFileError as error:
+            return JSONResponse(catalog.damage(error), status_code=422)
         except JSONError as error:
             return JSONResponse({"error": str(error)}, status_code=error.status)
+        except unreadable as error:  # a file that passed the reader's checks but not a read
+            _log.warning("%s: a file cannot be read: %s", request.url.path, error)
+            return JSONResponse(catalog.unreadable(error), status_code=422)
         except ValueError as error:  # an unknown kind, statistic, module: the argument named
             return JSONResponse({"error": str(error)}, status_code=400)
 
     # Starlette runs a plain function in its thread pool: DuckDB queries do not block the loop.
     return endpoint
+
+
+def _reading_errors() -> tuple[type[Exception], ...]:
+    """What reading a run's Parquet files raises on a damaged one: DuckDB's, Arrow's, the OS's.
+
+    Arrow's errors are ValueErrors too: they are caught first, never taken for a bad argument.
+    """
+    duckdb = require("duckdb", "dataframe")
+    pyarrow = require("pyarrow", "dataframe")
+    return (duckdb.Error, pyarrow.ArrowException, OSError)
 
 
 def _text(request: Request, name: str, default: str | None = None) -> str:
@@ -271,7 +316,9 @@ class Guard:
     one (``host_names``; None accepts any), so a page elsewhere whose name resolves to
     127.0.0.1 (DNS rebinding) reads nothing; and 400 to a path with an encoded slash,
     backslash or NUL (``%2f``, ``%5c``, ``%00``), which could put a path inside what routing
-    takes for one name. Every answer gets the Content-Security-Policy and no-sniff headers.
+    takes for one name. Every answer gets the Content-Security-Policy and no-sniff headers,
+    also the JSON 500 it makes of an exception no route expected (Starlette's own 500 would
+    come from outside this middleware, without them, as plain text).
     """
 
     def __init__(self, app: ASGIApp, host_names: set[str] | None) -> None:
@@ -282,9 +329,12 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        started = False
 
         async def send_with_headers(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = list(message.get("headers", []))
                 headers.append((b"content-security-policy", CONTENT_SECURITY_POLICY.encode()))
                 headers.append((b"x-content-type-options", b"nosniff"))
@@ -298,7 +348,16 @@ class Guard:
                 scope, receive, send_with_headers
             )
             return
-        await self.app(scope, receive, send_with_headers)
+        try:
+            await self.app(scope, receive, send_with_headers)
+        except Exception:
+            if started:
+                raise  # half an answer is out: the server can only drop the connection
+            _log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            # The message stays in the log: it may name files, or the server's internals.
+            await JSONResponse({"error": "internal error"}, status_code=500)(
+                scope, receive, send_with_headers
+            )
 
     def _refusal(self, scope: Scope) -> str | None:
         raw = (scope.get("raw_path") or b"").lower()

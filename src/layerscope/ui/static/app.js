@@ -3,7 +3,7 @@
 
 (function () {
   const { REPORT, api, newRound, runPath, domReady, el, select, label, replace, layerName, showError, figures,
-          panels } = window.layerscope;
+          panels, watchSkipped } = window.layerscope;
   const POLL_MS = 2000;
   const PLOT_CONFIG = { responsive: true, displaylogo: false };
   const state = { run: null, compare: null, rank: 0, kind: null, tensor: null, phase: "train",
@@ -38,6 +38,7 @@
     generation += 1;
     clearTimeout(pollTimer);
     newRound();
+    watchSkipped(null);
     const target = readHash();
     if (REPORT && !target.run) target.run = REPORT.run;
     if (target.run) {
@@ -80,6 +81,7 @@
     await domReady;
     replace("where", state.run);
     replace("main", panels.runView());
+    watchSkipped(showSkipped);
     try {
       summary = await api(runPath(state.run));
     } catch (error) {
@@ -97,6 +99,12 @@
     if (mine !== generation) return;
     fillCompare(REPORT ? (REPORT.compare ? [REPORT.compare] : []) : null);
     if (!REPORT && summary.status === "running") pollTimer = setTimeout(() => poll(mine), POLL_MS);
+  }
+
+  // A notice above the charts: which files the answers were read without, and why.
+  function showSkipped(files) {
+    const node = replace("skipped", panels.skipped(files));
+    if (node) node.hidden = files.size === 0;
   }
 
   // The answers an opening run needs with the defaults, asked before Plotly is parsed; those
@@ -163,7 +171,8 @@
     let ids = others;
     if (ids === null) {
       try {
-        ids = (await api("runs")).runs.map((run) => run.id).filter((id) => id !== state.run);
+        ids = (await api("runs")).runs.filter((run) => run.status !== "unreadable").map((run) => run.id)
+          .filter((id) => id !== state.run);
       } catch (error) {
         ids = [];
       }

@@ -39,7 +39,33 @@ window.layerscope = (function () {
     const response = await fetch(url, { headers: { Accept: "application/json" } });
     const body = await response.json();
     if (!response.ok) throw new Error(body.error || response.statusText);
+    noteSkipped(body.skipped);
     return body;
+  }
+
+  // The files the answers shown were read without (damaged, copies), file -> reason: a view
+  // says so beside what it shows. Forgotten at each navigation.
+  const skipped = new Map();
+  let onSkipped = null;
+
+  function noteSkipped(entries) {
+    if (!Array.isArray(entries)) return;
+    let added = false;
+    for (const entry of entries) {
+      if (entry && !skipped.has(entry.file)) {
+        skipped.set(String(entry.file), String(entry.reason));
+        added = true;
+      }
+    }
+    if (added && onSkipped) onSkipped(skipped);
+  }
+
+  // Call ``listener`` with the files skipped now (if any) and whenever an answer adds one;
+  // null forgets them and stops calling.
+  function watchSkipped(listener) {
+    if (listener === null) skipped.clear();
+    onSkipped = listener;
+    if (listener && skipped.size) listener(skipped);
   }
 
   function runPath(id, rest) {
@@ -138,5 +164,5 @@ window.layerscope = (function () {
   }
 
   return { REPORT, api, newRound, runPath, unpack, domReady, el, select, label, replace, escape, layerName,
-           number, time, showError };
+           number, time, showError, watchSkipped };
 })();

@@ -13,13 +13,37 @@ window.layerscope.panels = (function () {
   function runs(listed) {
     if (!listed.length) return el("p", { class: "note" }, "no runs here yet");
     return table("runs-table", ["run", "status", "steps", "ranks", "started", "alerts"], listed.map((run) =>
-      el("tr", { class: "run-row" },
-        el("td", {}, el("a", { href: "#/run/" + encodeURIComponent(run.id) }, run.name || run.id)),
+      run.status === "unreadable" ? unreadableRun(run) : el("tr", { class: "run-row" },
+        el("td", {}, el("a", { href: "#/run/" + encodeURIComponent(run.id) }, run.name || run.id), partial(run.skipped)),
         el("td", {}, el("span", { class: "status " + run.status }, run.status || "–")),
         el("td", { class: "num" }, number(run.steps)),
         el("td", { class: "num" }, number(run.ranks)),
         el("td", {}, time(run.started)),
         el("td", { class: "num" + (run.alerts ? " alerting" : "") }, number(run.alerts)))));
+  }
+
+  // A run read without some of its files: its counts lack them; which and why on hover.
+  function partial(skipped) {
+    if (!skipped || !skipped.length) return null;
+    const files = skipped.map((entry) => entry.file + ": " + entry.reason).join("\n");
+    return el("span", { class: "partial", title: files }, " files left out");
+  }
+
+  // A run whose run.json cannot be read: its folder and why, and no link into it.
+  function unreadableRun(run) {
+    return el("tr", { class: "run-row unreadable" },
+      el("td", {}, el("span", { class: "run-id" }, run.id)),
+      el("td", {}, el("span", { class: "status unreadable" }, "unreadable")),
+      el("td", { colspan: 4, class: "error reason" }, run.error || "its run.json cannot be read"));
+  }
+
+  // The files the answers shown were read without, each with why: what is shown lacks them.
+  function skipped(files) {
+    if (!files.size) return [];
+    return [el("h2", {}, "Files left out"),
+      el("p", { class: "note" }, "These files of the run cannot be read and were left out: the views below lack their rows."),
+      el("ul", { class: "skipped-files" }, Array.from(files, ([file, reason]) =>
+        el("li", {}, el("code", {}, file), ": ", el("span", { class: "reason" }, reason))))];
   }
 
   function seconds(value, unit) {
@@ -87,6 +111,7 @@ window.layerscope.panels = (function () {
   function runView() {
     return [
       el("section", { id: "run-head", class: "panel" }, el("span", { id: "run-facts" }), el("span", { id: "compare-slot" })),
+      el("section", { id: "skipped", class: "panel notice", hidden: "" }),
       el("div", { class: "row" },
         el("section", { class: "panel wide" }, el("h2", {}, "Scalars"), el("div", { id: "scalars", class: "chart" })),
         el("section", { class: "panel narrow" }, el("h2", {}, "Overhead"), el("div", { id: "overhead" }))),
@@ -103,5 +128,5 @@ window.layerscope.panels = (function () {
       el("section", { class: "panel" }, el("h2", {}, "Modules"), el("div", { id: "modules" }))];
   }
 
-  return { runs, overhead, alerts, modules, runFacts, runView };
+  return { runs, skipped, overhead, alerts, modules, runFacts, runView };
 })();
