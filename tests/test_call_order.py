@@ -63,3 +63,21 @@ def test_unrecorded_steps_carry_no_call_order_hooks():
             optimizer.step()
             optimizer.zero_grad()
     assert set(scope.frame("calls").step) == {0}
+
+
+def test_a_compiled_models_order_is_its_first_recorded_steps(monkeypatch):
+    """Hooks of a compiled model stay as they are: only the first order is logged, whole."""
+    from layerscope import _gates as gates
+
+    monkeypatch.setattr(gates, "user_compiled_anything", lambda: True)
+    model = Branching()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with layerscope.watch(model, optimizer=optimizer, every=2, alerts=False) as scope:
+        for step in range(4):
+            model.odd = step == 2  # the recorded steps 0 and 2 call a, then b
+            model(torch.ones(2, 3)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    frame = scope.frame("calls")
+    assert set(frame.step) == {0}
+    assert order(frame, 0) == [("enter", "a"), ("exit", "a"), ("enter", "head"), ("exit", "head")]

@@ -362,6 +362,8 @@ class LayerHooks:
             self._meter.seconds += time.perf_counter() - start
 
     def _log_call(self, event: str, target: Target, call: int) -> None:
+        if self._static and self._sent_calls:
+            return  # a compiled model's entry hooks are gone after its first order (see above)
         step = self._clock.step
         self._calls.append(CallEvent(step, len(self._calls), event, target.name, call))
 
