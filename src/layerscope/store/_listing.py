@@ -7,6 +7,7 @@ it is listed too, as ``unreadable`` with the reason, and the rest are listed as 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from layerscope._imports import require
@@ -88,14 +89,15 @@ def run_folders(root: str | os.PathLike[str]) -> list[tuple[str, str]]:
     return folders
 
 
-def run_row(location: str, name: str) -> dict[str, Any] | None:
+def run_row(location: str, name: str, within: Path | None = None) -> dict[str, Any] | None:
     """The row of ``runs`` of the run at ``location`` (folder ``name``), times in seconds.
 
     None for the directory of a rank of the run at the root, which is not a run of its own.
+    ``within``: a folder the run's files must be in, links followed (see ``Run``).
     """
     rank = directory_rank(name)
     try:
-        meta = Run(location).meta
+        meta = Run(location, within=within).meta
     except (OSError, ValueError) as error:
         if rank is not None:
             return None  # a rank's own run.json: the reader of its run names it

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from layerscope.tensors import SavedCapture
 
 TABLES = (*SEGMENTED_TABLES, "calls")
+#: Why a file a link leads out of the served folder is not read.
+OUTSIDE = "a link to a place outside the served folder: not read"
 #: Values bound to a query's placeholders: a list for ``?``, a dict for ``$name``.
 Parameters = Sequence[Any] | Mapping[str, Any] | None
 RANKS = ("each", "merge")
@@ -64,11 +66,20 @@ class Run:
             or program, a copy of another file; and each table folder whose files hold fewer
             rows than ``run.json`` counts as written. It grows as tables are read.
 
+    ``Run(path, within=folder)`` (what the dashboard opens) reads no file whose real
+    location, links followed, is outside ``folder``: such files are left out as damaged.
+
     Raises:
         RunFileError: the run's ``run.json`` is damaged or holds a field of the wrong type.
     """
 
-    def __init__(self, path: str | os.PathLike[str], ranks: str = "each") -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        ranks: str = "each",
+        *,
+        within: str | os.PathLike[str] | None = None,
+    ) -> None:
         if ranks not in RANKS:
             raise ValueError(f"ranks: expected one of {RANKS}, got {ranks!r}")
         self.ranks = ranks
@@ -82,6 +93,9 @@ class Run:
             raise ValueError("path: expected the path or URL of a run directory, got ''")
         self._fs, root = fsspec.core.url_to_fs(self.path)
         self._root = root.rstrip("/") or root
+        # A server's folder: no file whose real location is outside it is read (a link in a
+        # run that points elsewhere is left out, named).
+        self._within = None if within is None else os.path.realpath(within)
         if self._fs.isfile(self._root):
             raise NotADirectoryError(f"path: {self.path} is a file, not a run directory")
         self.skipped: dict[str, str] = {}
@@ -94,7 +108,9 @@ class Run:
         )
         self._remove_temporaries(metas)
         self._segments = SegmentChecks(
-            self._fs, {place: (rank, rank_meta) for rank, (place, rank_meta) in metas.items()}
+            self._fs,
+            {place: (rank, rank_meta) for rank, (place, rank_meta) in metas.items()},
+            self.outside,
         )
         self._database = Database(self._fs)
         self._rankless: set[str] = set()  # files written before tables had a rank column
@@ -113,6 +129,11 @@ class Run:
         metas = {}
         for rank, place in self._places():
             path = f"{place}/{RUN_FILE}"
+            if self.outside(path):
+                if place == self._root:
+                    raise RunFileError(path, OUTSIDE)
+                self._skip(path, OUTSIDE)
+                continue
             try:
                 with self._fs.open(path, "rb") as file:
                     payload = file.read()
@@ -144,6 +165,13 @@ class Run:
                     remove_stale_temporaries(self._fs, place)
                     RunFile(self._fs, place).release_reserve()  # a killed writer's
 
+    def outside(self, path: str) -> bool:
+        """Whether ``path`` lies, links followed, outside the folder the run is read within."""
+        if self._within is None or self._fs.protocol not in ("file", ("file", "local")):
+            return False
+        real = os.path.realpath(path)
+        return real != self._within and not real.startswith(self._within + os.sep)
+
     def _skip(self, path: str, reason: str) -> None:
         """Leave ``path`` out, with a warning the first time and a line in ``skipped``."""
         if path not in self.skipped:
@@ -166,6 +194,8 @@ class Run:
             RunFileError: ``modules.json`` is damaged or holds a field of the wrong type.
         """
         path = f"{self._meta_place}/{MODULES_FILE}"
+        if self.outside(path):
+            raise RunFileError(path, OUTSIDE)
         if self._fs.isdir(path):
             raise RunFileError(path, "a folder where the file should be")
         with self._fs.open(path, "rb") as file:

@@ -14,6 +14,7 @@ too: its files were removed or replaced.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,11 +82,18 @@ class SegmentChecks:
     Args:
         fs: the fsspec filesystem of the run.
         places: each rank's directory -> (rank, its checked ``run.json``).
+        outside: whether a path lies outside the folder the run may be read within.
     """
 
-    def __init__(self, fs: Any, places: dict[str, tuple[int, dict[str, Any]]]) -> None:
+    def __init__(
+        self,
+        fs: Any,
+        places: dict[str, tuple[int, dict[str, Any]]],
+        outside: Callable[[str], bool] = lambda path: False,
+    ) -> None:
         self._fs = fs
         self._places = places
+        self._outside = outside
         self._verdicts: dict[str, _Verdict] = {}
         self._owners: dict[bytes, str] = {}  # footer fingerprint -> the first file with it
 
@@ -127,6 +135,8 @@ class SegmentChecks:
 
     def _check(self, path: str, name: str, table: str, rank: int | None) -> _Verdict:
         parquet = require("pyarrow.parquet", "dataframe")
+        if self._outside(path):
+            return _Verdict("a link to a place outside the served folder: not read")
         try:
             with self._fs.open(path, "rb") as file:
                 file.seek(0, 2)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from layerscope._imports import require
-from layerscope.store import Run, RunFileError, load
+from layerscope.store import Run, RunFileError
 from layerscope.store._layout import RUN_FILE, directory_rank
 from layerscope.store._listing import MISSING, UNREADABLE, holds_run, run_folders, run_row
 
@@ -112,7 +112,7 @@ class RunCatalog:
         """
         path = path or self.path(name)
         try:
-            return load(path)
+            return Run(path, within=self.root)
         except RunFileError:
             raise  # a run that is there, damaged: not "no such run"
         except FileNotFoundError as error:
@@ -164,7 +164,7 @@ class RunCatalog:
         ):
             entry = kept.entry
         else:
-            entry = self._entry_of(run_row(location, name), name)
+            entry = self._entry_of(run_row(location, name, within=self.root), name)
         alerts = None
         if entry is not None and entry["status"] != UNREADABLE:
             if kept is not None and kept.alert_files == alert_files and kept.alerts is not None:
