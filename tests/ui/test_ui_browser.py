@@ -250,3 +250,11 @@ def test_the_report_draws_every_chart_offline(browser, runs_root, tmp_path, scre
     context.close()
     assert requested == []
     assert errors == []
+
+
+def test_a_malformed_address_shows_the_runs(page, server):
+    page.goto(server.url + "/#/run/%E0%A4%A")
+    page.wait_for_selector("#runs-table tbody tr")
+    assert page.evaluate("location.hash") == "#/"
+    page.goto(server.url + "/#/run/exp1?rank=-3")
+    plotted(page, "heatmap")

@@ -19,10 +19,22 @@
     const [path, query] = hash.split("?");
     const params = new URLSearchParams(query || "");
     if (path.startsWith("run/")) {
-      return { run: decodeURIComponent(path.slice(4)), compare: params.get("compare"),
-               rank: Number(params.get("rank") || 0) };
+      const run = decoded(path.slice(4));
+      if (run === null) return { run: null, malformed: true };
+      const rank = Number(params.get("rank") || 0);
+      return { run, compare: params.get("compare"),
+               rank: Number.isInteger(rank) && rank >= 0 ? rank : 0 };
     }
     return { run: null };
+  }
+
+  // A hash typed or pasted by hand may hold a broken escape ("%E0%A4%A"): the runs instead.
+  function decoded(text) {
+    try {
+      return decodeURIComponent(text);
+    } catch (error) {
+      return null;
+    }
   }
 
   function writeHash() {
@@ -40,6 +52,7 @@
     newRound();
     watchSkipped(null);
     const target = readHash();
+    if (target.malformed) history.replaceState(null, "", "#/");
     if (REPORT && !target.run) target.run = REPORT.run;
     if (target.run) {
       Object.assign(state, { run: target.run, compare: target.compare || (REPORT && REPORT.compare) || null,
