@@ -239,9 +239,9 @@ def counted_reads(monkeypatch):
     reads: list[str] = []
     read = _catalog.run_row
 
-    def counting(location, name):
+    def counting(location, name, **options):
         reads.append(name)
-        return read(location, name)
+        return read(location, name, **options)
 
     monkeypatch.setattr(_catalog, "run_row", counting)
     return reads
