@@ -74,3 +74,33 @@ def test_series_and_color_dim_of_a_long_run(long_run):
     np.testing.assert_allclose(colour["zeros"], mean[:, 0], rtol=1e-6)
     np.testing.assert_allclose(colour["totals"], mean.sum(axis=1), rtol=1e-6)
     assert mean[:, [i for i in range(256) if i not in slots and i != 0]].sum() == 0
+
+
+def test_columns_of_one_recorded_step_each_are_not_called_aggregated(tmp_path):
+    """every=2 in columns of 2 steps: each column is one recorded step, its value as is."""
+    import torch
+    from starlette.testclient import TestClient
+    from torch import nn
+
+    from layerscope.ui._app import create_app
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with layerscope.watch(model, optimizer=optimizer, every=2, run=tmp_path / "r") as scope:
+        for _ in range(10):
+            model(torch.randn(8, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    stats = scope.frame()
+    client = TestClient(create_app(tmp_path), base_url="http://127.0.0.1")
+    for route in ("heatmap", "series", "colordim"):
+        params = {"stat": "std", "module": "0", "columns": 5}
+        answer = client.get(f"/api/runs/r/{route}", params=params).json()
+        assert answer["width"] == 2
+        assert answer["steps"] == answer["last_steps"] == [0, 2, 4, 6, 8]
+        assert not answer["downsampled"]
+        assert answer.get("aggregate") is None
+        assert answer.get("aggregates") is None
+    heat = client.get("/api/runs/r/heatmap", params={"stat": "std", "columns": 5}).json()
+    rows = stats[(stats.kind == "activation") & (stats.module == "0") & ~stats.sentinel]
+    np.testing.assert_allclose(unpack(heat["values"])[0], rows.sort_values("step")["std"])

@@ -17,6 +17,7 @@ from layerscope.plots._select import PICKED_MODULES
 from layerscope.store import Run
 from layerscope.store._damage import check_fits
 from layerscope.ui._encode import integers, numbers, pack
+from layerscope.ui._heatmap import merges
 from layerscope.ui._query import Selection, check_module
 
 
@@ -108,8 +109,8 @@ def _color_dim(
         "infinite": numbers(counts[-1]),
         "totals": numbers(counts.sum(axis=0)),
         "width": width,
-        "aggregate": "mean" if width > 1 else None,
-        "downsampled": width > 1,
+        "aggregate": "mean" if merges(first, last) else None,
+        "downsampled": merges(first, last),
     }
 
 

@@ -68,6 +68,7 @@ def heatmap(run: Run, selection: Selection, stat: str, width: int) -> dict[str, 
         cells = frame["value"].to_numpy(dtype=np.float64, na_value=np.nan)
         values[rows[known], columns[known]] = cells[known]
     first, last = _column_steps(frame, buckets)
+    merged = merges(first, last)
     return {
         "kind": selection.kind,
         "tensor": selection.tensor,
@@ -80,9 +81,22 @@ def heatmap(run: Run, selection: Selection, stat: str, width: int) -> dict[str, 
         "last_steps": last,
         "values": pack(values),
         "width": width,
-        "aggregate": how if width > 1 else None,
-        "downsampled": width > 1,
+        "aggregate": how if merged else None,
+        "downsampled": merged,
     }
+
+
+def merges(first: list[int], last: list[int]) -> bool:
+    """Whether a column holds more than one recorded step.
+
+    With ``every=2`` and columns of 2 steps, each column is one recorded step: nothing is
+    aggregated, and the page says "recorded steps", not "columns of 2 steps".
+
+    Examples:
+        >>> merges([0, 2], [0, 2]), merges([0, 2], [1, 2])
+        (False, True)
+    """
+    return any(a != b for a, b in zip(first, last, strict=True))
 
 
 def _column_steps(frame: Any, buckets: np.ndarray) -> tuple[list[int], list[int]]:
@@ -136,6 +150,7 @@ def _series(
 ) -> dict[str, Any]:
     """The JSON of one layer's ``rows`` (None where it has none)."""
     empty = np.zeros(0)
+    merged = rows is not None and merges(integers(rows["first"]), integers(rows["last"]))
     return {
         "module": module,
         "kind": selection.kind,
@@ -148,7 +163,7 @@ def _series(
             name: pack(empty if rows is None else rows[name].to_numpy(np.float64, na_value=np.nan))
             for name in names
         },
-        "aggregates": {name: aggregate(name) for name in names} if width > 1 else None,
+        "aggregates": {name: aggregate(name) for name in names} if merged else None,
         "width": width,
-        "downsampled": width > 1,
+        "downsampled": merged,
     }
