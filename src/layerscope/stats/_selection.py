@@ -95,6 +95,26 @@ def _table_columns() -> frozenset[str]:
     return frozenset((*KEY_COLUMNS, *META_COLUMNS, *BUILTIN_STATS, *_STORE_COLUMNS))
 
 
+def is_custom_stat_name(name: object) -> bool:
+    """Whether ``name`` may name a custom statistic's column.
+
+    It must be an identifier, not a keyword, and no other column of the stats table (SQL
+    compares names without case): watch() checks it, and so does a reader of run.json.
+
+    Examples:
+        >>> is_custom_stat_name("grad_ratio"), is_custom_stat_name("x; drop table stats")
+        (True, False)
+        >>> is_custom_stat_name("Mean")
+        False
+    """
+    return (
+        isinstance(name, str)
+        and name.isidentifier()
+        and not keyword.iskeyword(name)
+        and name.lower() not in _table_columns()
+    )
+
+
 def _check_custom(name: object, fn: object, earlier: Mapping[str, CustomStat]) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise ValueError(f"stats: a custom statistic needs an identifier as name, got {name!r}")

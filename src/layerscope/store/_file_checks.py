@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import keyword
 import math
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from layerscope._modules import ModuleInfo
 from layerscope.stats._finalize import BUILTIN_STATS
 from layerscope.stats._histogram import LOG2_BINS
+from layerscope.stats._selection import is_custom_stat_name
 from layerscope.store._damage import RunFileError
 from layerscope.store._layout import SCHEMA_VERSION
 
@@ -139,22 +139,6 @@ def histogram_slots(histogram: Any) -> int | None:
     if histogram.get("kind") == "linear" and _is_count(minimum=1)(histogram.get("bins")):
         return int(histogram["bins"]) + 2
     return None
-
-
-def is_custom_stat_name(name: object) -> bool:
-    """Whether ``name`` may be a custom statistic's column: a plain identifier, not a keyword.
-
-    Examples:
-        >>> is_custom_stat_name("grad_ratio"), is_custom_stat_name("x; drop table stats")
-        (True, False)
-    """
-    return (
-        isinstance(name, str)
-        and name.isidentifier()
-        and name.isascii()
-        and not keyword.iskeyword(name)
-        and name.lower() not in {stat.lower() for stat in BUILTIN_STATS}
-    )
 
 
 def _check_config(field: _Fields, config: Any) -> None:

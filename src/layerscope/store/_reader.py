@@ -414,10 +414,11 @@ class Run:
             else:
                 directory = f"{place}/{table}"
                 names = []
-                if self._fs.exists(directory) and not self._fs.isdir(directory):
+                present = self._fs.exists(directory)
+                if present and not self._fs.isdir(directory):
                     self._skip(directory, f"a file where the {table} folder should be")
                     continue
-                if self._fs.exists(directory):
+                if present:
                     listed = self._fs.ls(directory, detail=False)
                     names = files_to_read([p.rstrip("/").rsplit("/", 1)[-1] for p in listed])
             listing = self._segments.listing(place, table, directory, names)
