@@ -1,5 +1,12 @@
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # The GPU kernels run on CPU tensors in triton's interpreter (see stats/_triton.py); the
+    # switch is read when a kernel is defined, so it is set before any test imports them.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -353,6 +353,33 @@ def test_cuda_hot_path_has_no_sync(every):
     assert frame.sentinel.any() == (every != 1)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("every", [1, layerscope.Schedule(every=2)], ids=["every", "sentinel"])
+def test_cuda_token_ids_and_the_optimizer_step_have_no_sync(every):
+    """Integer inputs (token ids), parameters in groups, updates: no sync, the Triton kernels."""
+    from layerscope.stats._partials import kernel_name
+
+    model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    model = model.cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+    ids = torch.randint(0, 50, (8, 6), device="cuda")
+    with layerscope.watch(model, optimizer=optimizer, every=every, capture=ALL_KINDS) as scope:
+        for _ in range(4):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                loss = model(ids).pow(2).mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    assert scope.failures == 0
+    assert kernel_name("cuda") == "triton"
+    frame = scope.frame()
+    assert "int64" in set(frame.query("kind == 'input'").dtype)
+    assert len(frame.query("kind == 'update'")) > 0
+
+
 def test_the_writer_runs_torch_on_one_thread_and_leaves_training_threads_alone():
     """A second OpenMP team on the same cores slows training by up to 2x: the writer has none."""
     import threading

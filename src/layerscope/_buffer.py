@@ -84,14 +84,18 @@ class DeviceRows:
         """The rows, ``(capacity, row_width)``; ``reserve`` may replace it by a larger one."""
         return self._data
 
-    def reserve(self) -> int:
-        """Add a row for a kernel to write its partials into (``data[index]``); return its index."""
-        if self._size == self._data.shape[0]:
-            grown = self._data.new_zeros(2 * self._size, self.row_width)
-            grown[: self._size] = self._data
+    def reserve(self, count: int = 1) -> int:
+        """Add ``count`` rows for kernels to write partials into; return the first one's index.
+
+        The rows are ``data[index:index + count]``.
+        """
+        needed = self._size + count
+        if needed > self._data.shape[0]:
+            grown = self._data.new_zeros(max(2 * self._data.shape[0], needed), self.row_width)
+            grown[: self._size] = self._data[: self._size]
             self._data = grown
         index = self._size
-        self._size += 1
+        self._size = needed
         return index
 
     def add_values(self, values: Tensor) -> tuple[int, int]:

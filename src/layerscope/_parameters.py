@@ -29,7 +29,7 @@ from layerscope._cost import CostMeter
 from layerscope._hooks import HookHandles, queue_at_backward_end, weak_hook
 from layerscope._kinds import Kind
 from layerscope._optimizers import owned_by, step_held_back
-from layerscope._recorder import Owner, Recorder, Target
+from layerscope._recorder import GroupEntry, Owner, Recorder, Target
 from layerscope._shards import local_tensor, shard_label
 from layerscope._steps import StepClock
 from layerscope._updates import UpdateSnapshot
@@ -184,14 +184,13 @@ class ParameterReads:
             return
         owned = self._buffers if kind is Kind.BUFFER else self._params
         chosen = owned if positions is None else [owned[i] for i in positions]
+        entries = []
         for tensor, owners in chosen:
-            try:  # one tensor that cannot be read must not cost the others theirs
-                value = tensor.grad if kind is Kind.WEIGHT_GRAD else tensor
-                if value is not None:
-                    self._record(kind, owners, value)
-            except Exception as error:
-                owner = owners[0]
-                self._fail(f"reading {kind.value} {owner.tensor!r} of {owner.module!r}", error)
+            value = tensor.grad if kind is Kind.WEIGHT_GRAD else tensor
+            if value is not None:
+                entries.append(_entry(owners, value))
+        # Read together: on a GPU one launch pair per dtype, not one per tensor.
+        self._recorder.record_group(self._clock.step, kind, TRAIN, entries)
 
     # ---------------------------------------------------------------- hooks
 
@@ -293,28 +292,20 @@ class ParameterReads:
             params = [self._params[i][0] for i in positions]
             updates = self._snapshots[index].updates([local_tensor(param) for param in params])
             if updates is not None:
-                for position, param, update in zip(positions, params, updates, strict=True):
-                    owners = self._params[position][1]
-                    self._record(Kind.UPDATE, owners, update, shard_label(param))
+                entries = [
+                    _entry(self._params[position][1], update, shard_label(param))
+                    for position, param, update in zip(positions, params, updates, strict=True)
+                ]
+                self._recorder.record_group(self._clock.step, Kind.UPDATE, TRAIN, entries)
         except Exception as error:
             self._fail("reading the updates", error)
 
-    def _record(
-        self, kind: Kind, owners: Sequence[Owner], tensor: Tensor, shard: str | None = None
-    ) -> None:
-        first = owners[0]
-        target = Target(first.module, first.module_type)
-        self._recorder.record(
-            self._clock.step,
-            target,
-            kind,
-            first.tensor,
-            0,
-            TRAIN,
-            tensor,
-            also_owned_by=owners[1:],
-            shard=shard,
-        )
+
+def _entry(owners: Sequence[Owner], tensor: Tensor, shard: str | None = None) -> GroupEntry:
+    """A reading of ``tensor`` under its first owner, and under the others too (tied)."""
+    first = owners[0]
+    return GroupEntry(Target(first.module, first.module_type), first.tensor, tensor, owners[1:],
+                      shard)  # fmt: skip
 
 
 def _owned(

@@ -26,7 +26,7 @@ from layerscope._pipeline import Pipeline
 from layerscope._readings import CustomRef, Readings
 from layerscope._shards import local_tensor, shard_label
 from layerscope.stats import CustomStat, HistogramSpec
-from layerscope.stats._partials import write_partials
+from layerscope.stats._partials import group_reads, write_group_partials, write_partials
 
 # A step with many forward passes (long evaluations, much gradient accumulation) flushes when
 # this many readings wait, so that device memory stays bounded; the host merges the pieces.
@@ -52,6 +52,16 @@ class Owner:
     module: str
     module_type: str
     tensor: str
+
+
+class GroupEntry(NamedTuple):
+    """A tensor of a group read at once: ``record``'s arguments for it."""
+
+    target: Target
+    name: str
+    tensor: Tensor
+    also_owned_by: Sequence[Owner] = ()
+    shard: str | None = None
 
 
 class _Seen(NamedTuple):  # a NamedTuple: a frozen dataclass takes 0.7 us to make
@@ -129,11 +139,72 @@ class Recorder:
             index = rows.reserve()
             write_partials(values, self.histogram, rows.data, index)
             custom = self._custom_stats(rows, values) if self.custom else ()
-            version = _version(tensor)
-            if version is not None:
-                self._seen[id(tensor)] = _Seen(
-                    weakref.ref(tensor), version, buffer_id, index, custom
-                )
+            self._remember(tensor, buffer_id, index, custom)
+        self._add(step, target, kind, name, call, phase, tensor, shard, also_owned_by,
+                  (buffer_id, index, custom))  # fmt: skip
+        self._flush_if_full()
+
+    def record_group(
+        self, step: int, kind: Kind, phase: str, entries: Sequence[GroupEntry]
+    ) -> None:
+        """``record`` each of ``entries``, read together: parameters, gradients, updates.
+
+        Tensors of one device and dtype that the GPU kernels read take one launch pair for
+        all of them; the rest are read one by one. A tensor that cannot be read costs only
+        its own row (``fail`` names it).
+        """
+        groups: dict[tuple[torch.device, torch.dtype], list[tuple[GroupEntry, Tensor]]] = {}
+        for entry in entries:
+            try:
+                tensor, shard = entry.tensor, entry.shard
+                if type(tensor) is not Tensor:
+                    tensor, shard = _local(tensor, shard)
+                if tensor.is_nested or not group_reads(tensor):
+                    self.record(step, entry.target, kind, entry.name, 0, phase, tensor,
+                                entry.also_owned_by, shard)  # fmt: skip
+                    continue
+                _check_strided(tensor)
+                local = GroupEntry(entry.target, entry.name, tensor, entry.also_owned_by, shard)
+                groups.setdefault((tensor.device, tensor.dtype), []).append((local, tensor))
+            except Exception as error:
+                self._fail(f"reading {kind.value} {entry.name!r} of {entry.target.name!r}", error)
+        for (device, _), members in groups.items():
+            try:
+                buffer_id, rows = self._rows_on(device)
+                first = rows.reserve(len(members))
+                write_group_partials([t for _, t in members], self.histogram, rows.data, first)
+            except Exception as error:
+                self._fail(f"reading {kind.value} of {len(members)} tensors", error)
+                continue
+            for offset, (entry, tensor) in enumerate(members):
+                custom = self._custom_stats(rows, tensor) if self.custom else ()
+                self._add(step, entry.target, kind, entry.name, 0, phase, tensor, entry.shard,
+                          entry.also_owned_by, (buffer_id, first + offset, custom))  # fmt: skip
+        self._flush_if_full()  # after the groups: a flush empties the rows they point to
+
+    def _remember(
+        self, tensor: Tensor, buffer_id: int, index: int, custom: tuple[CustomRef, ...]
+    ) -> None:
+        """Let a later reading of ``tensor``, unchanged, share its row."""
+        version = _version(tensor)
+        if version is not None:
+            self._seen[id(tensor)] = _Seen(weakref.ref(tensor), version, buffer_id, index, custom)
+
+    def _add(
+        self,
+        step: int,
+        target: Target,
+        kind: Kind,
+        name: str,
+        call: int,
+        phase: str,
+        tensor: Tensor,
+        shard: str | None,
+        also_owned_by: Sequence[Owner],
+        row: tuple[int, int, tuple[CustomRef, ...]],
+    ) -> None:
+        """Add the readings of ``tensor``, whose partials are in ``row`` (buffer, index, custom)."""
+        buffer_id, index, custom = row
         form = self._form_code(tensor, shard)
         replaces = kind in STATE_KINDS
         readings = self.readings
@@ -143,7 +214,11 @@ class Recorder:
             alias = Identity(phase, owner.module, owner.module_type, kind, owner.tensor, call)
             code = self.identities.code(alias)
             readings.add(step, code, form, buffer_id, index, replaces, custom)
-        if len(readings) >= self.rows_per_flush:
+
+    def _flush_if_full(self) -> None:
+        # A step with many forward passes flushes part of its readings: device memory stays
+        # bounded.
+        if len(self.readings) >= self.rows_per_flush:
             self.flush(final=False)
 
     def record_extremes(

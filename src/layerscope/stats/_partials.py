@@ -13,10 +13,10 @@ import torch
 from torch import Tensor
 
 from layerscope._errors import LayerscopeWarning
-from layerscope.stats import _native
+from layerscope.stats import _native, _triton
 from layerscope.stats import _torch_kernels as kernels
 from layerscope.stats._histogram import HistogramSpec, Log2Histogram
-from layerscope.stats._layout import EMPTY_ROW, WIDTH, Field
+from layerscope.stats._layout import WIDTH, Field
 
 _INF = float("inf")
 
@@ -44,6 +44,11 @@ def tensor_partials(x: Tensor, histogram: HistogramSpec | None) -> tuple[Tensor,
         (2.0, -0.5, 1.0)
     """
     with torch.no_grad():
+        if _triton.reads(x):
+            slots = 0 if histogram is None else histogram.slots
+            out = torch.empty(1, WIDTH + slots, dtype=torch.float64, device=x.device)
+            if _triton_wrote(x, histogram, out, 0):
+                return out[0, :WIDTH], None if histogram is None else out[0, WIDTH:].long()
         flat = x.detach().reshape(-1)
         if not flat.is_floating_point():
             return _count_partials(flat), None
@@ -88,6 +93,8 @@ def write_partials(x: Tensor, histogram: HistogramSpec | None, rows: Tensor, ind
     with no histogram) on ``x``'s device, such as the recorder's buffer. On the CPU the C
     kernel writes there directly, with nothing allocated.
     """
+    if _triton.reads(x) and _triton_wrote(x, histogram, rows, index):
+        return
     if x.is_floating_point() and _native_reads(x, histogram):
         _native.partials_into(x, rows, index, histogram)
         return
@@ -95,6 +102,41 @@ def write_partials(x: Tensor, histogram: HistogramSpec | None, rows: Tensor, ind
     rows[index, :WIDTH] = row
     if hist is not None:
         rows[index, WIDTH:] = hist
+
+
+def write_group_partials(
+    tensors: list[Tensor], histogram: HistogramSpec | None, rows: Tensor, first: int
+) -> None:
+    """Write the partials of each of ``tensors`` into ``rows[first + i]``, as ``write_partials``.
+
+    Where the Triton kernels read them (on a GPU: tensors of one device and dtype), one
+    launch pair computes them all; elsewhere each tensor is read on its own.
+    """
+    if tensors and _triton.reads(tensors[0]):
+        try:
+            with torch.no_grad():
+                _triton.group_partials_into(tensors, histogram, rows, first)
+            return
+        except Exception as error:  # a kernel that does not compile here: torch's from now on
+            _triton.disable(error)
+    for offset, tensor in enumerate(tensors):
+        write_partials(tensor, histogram, rows, first + offset)
+
+
+def group_reads(x: Tensor) -> bool:
+    """Whether ``write_group_partials`` reads ``x`` with others of its device and dtype at once."""
+    return _triton.reads(x)
+
+
+def _triton_wrote(x: Tensor, histogram: HistogramSpec | None, rows: Tensor, index: int) -> bool:
+    """Write the partials of ``x`` with the Triton kernels; False where they failed."""
+    try:
+        with torch.no_grad():
+            _triton.partials_into(x, histogram, rows, index)
+        return True
+    except Exception as error:
+        _triton.disable(error)
+        return False
 
 
 def write_extremes(x: Tensor, pairs: Tensor, index: int) -> None:
@@ -120,6 +162,7 @@ def kernel_name(device_type: str = "cpu") -> str:
 
     ``"native-avx512"``, ``"native-avx2"`` or ``"native"``: the C kernel's AVX-512, AVX2 or
     portable copy (the CPU only; float64 tensors take torch's kernels there too);
+    ``"triton"``: the Triton kernels (CUDA only, where triton imports and they compiled);
     ``"compiled"``: the ``torch.compile``d kernel; ``"eager"``: torch's eager kernel, where
     compiling failed or ``LAYERSCOPE_COMPILE=0``. Until a torch kernel first runs,
     ``"compiled"`` means the one that will be tried. Where the C kernel is missing, the first
@@ -133,6 +176,8 @@ def kernel_name(device_type: str = "cpu") -> str:
         native = _native.kernel_name()
         if native is not None:
             return native
+    elif device_type == "cuda" and _triton.problem() is None:
+        return "triton"
     if kernels.compile_state == "failed" or os.environ.get("LAYERSCOPE_COMPILE", "1") == "0":
         return "eager"
     return "compiled"
@@ -210,7 +255,12 @@ def _count_partials(x: Tensor) -> Tensor:
 
 
 def _empty_partials(device: torch.device) -> Tensor:
-    return torch.tensor(EMPTY_ROW, dtype=torch.float64, device=device)
+    # Filled on the device: a row made from a host list is a copy that syncs on a GPU.
+    row = torch.zeros(WIDTH, dtype=torch.float64, device=device)
+    for field in Field:
+        if field.empty != 0.0:
+            row[field] = field.empty
+    return row
 
 
 def _empty_histogram(histogram: HistogramSpec | None, device: torch.device) -> Tensor | None:

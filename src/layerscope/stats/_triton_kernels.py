@@ -1,0 +1,334 @@
+"""The GPU kernels: every partial of a tensor and its histogram in one pass, in its own dtype.
+
+Two launches compute the partials of one tensor, or of a whole group of tensors of one dtype
+(a table of element offsets from the group's first tensor):
+
+- ``partials_kernel``: each program reads blocks of ``BLOCK`` elements, decodes them to float32
+  (float64 stays float64), and keeps count, mean and M2 of the finite values in float64
+  (each block's mean and M2 from the block itself, merged into the program's by Chan's
+  formula), their minimum and maximum, the counts of zeros, NaN, Inf and signs, and its own
+  histogram (``tl.histogram``, no atomics). It writes one row of these per program.
+- ``finish_kernel``: one program per tensor merges its programs' rows (Chan again) into the
+  tensor's row of partials, written straight into the device row buffer; further programs sum
+  the histograms' columns.
+
+Nothing is copied to float first, nothing is read back: the grid's size depends on numel only.
+Importing this module imports triton; ``_triton.py`` does that only when a kernel is needed.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Globals that kernels read must be constexpr; ``_triton.py`` passes their ``.value``.
+
+# How each dtype's elements are read (one compiled kernel per kind).
+FLOAT = tl.constexpr(0)  # float32 and float16: tl.load converts them exactly
+FLOAT64 = tl.constexpr(1)
+E4M3 = tl.constexpr(2)  # float8_e4m3fn, read as its bits (uint8)
+E5M2 = tl.constexpr(3)  # float8_e5m2, read as its bits: float16's top byte
+INTEGER = tl.constexpr(4)  # integers and booleans (as uint8): counts of zeros and signs only
+BF16 = tl.constexpr(5)  # bfloat16, read as its bits: float32's top half, subnormals kept
+
+# Histograms.
+NO_HISTOGRAM = tl.constexpr(0)
+LOG2 = tl.constexpr(1)
+LINEAR = tl.constexpr(2)
+
+# Columns of a program's row: the partials before merging.
+PART_COUNT = tl.constexpr(0)
+PART_MEAN = tl.constexpr(1)
+PART_M2 = tl.constexpr(2)
+PART_MIN = tl.constexpr(3)
+PART_MAX = tl.constexpr(4)
+PART_ZEROS = tl.constexpr(5)
+PART_NAN = tl.constexpr(6)
+PART_INF = tl.constexpr(7)
+PART_NEG = tl.constexpr(8)
+PART_POS = tl.constexpr(9)
+PART_WIDTH = tl.constexpr(10)
+
+# The row's fields (stats._layout.Field, checked against it by _triton.py).
+ROW_NUMEL = tl.constexpr(0)
+ROW_COUNT = tl.constexpr(1)
+ROW_MEAN = tl.constexpr(2)
+ROW_M2 = tl.constexpr(3)
+ROW_MIN = tl.constexpr(4)
+ROW_MAX = tl.constexpr(5)
+ROW_ZEROS = tl.constexpr(6)
+ROW_NAN = tl.constexpr(7)
+ROW_INF = tl.constexpr(8)
+ROW_NEG = tl.constexpr(9)
+ROW_POS = tl.constexpr(10)
+ROW_WIDTH = tl.constexpr(11)
+
+
+@triton.jit
+def _decode(raw, KIND: tl.constexpr):
+    """Values of the raw elements: float32 (float64 for float64)."""
+    if KIND == E4M3:
+        bits = raw.to(tl.int32)
+        magnitude = bits & 0x7F
+        exponent = magnitude >> 3
+        mantissa = magnitude & 7
+        # Normal: float32 of the same sign, exponent rebiased from 7 to 127, mantissa shifted.
+        normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
+        value = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125, normal)  # 2**-9
+        value = tl.where(magnitude == 0x7F, float("nan"), value)
+        return tl.where((bits & 0x80) != 0, -value, value)
+    elif KIND == E5M2:
+        return (raw.to(tl.int16) << 8).to(tl.float16, bitcast=True).to(tl.float32)
+    elif KIND == BF16:
+        return (raw.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    elif KIND == FLOAT64:
+        return raw
+    else:
+        return raw.to(tl.float32)
+
+
+@triton.jit
+def _power_of_two(k):
+    """2**k as float64 for integer k in [-1022, 1023], built from its bits."""
+    return ((k + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def _log2_slots(x, KIND: tl.constexpr):
+    """The log2 histogram's slot: float32's biased exponent; 0 zero and subnormal, 255 NaN/Inf."""
+    if KIND == FLOAT64:
+        exponent = ((x.to(tl.int64, bitcast=True) >> 52) & 0x7FF).to(tl.int32)
+        slot = tl.minimum(tl.maximum(exponent - (1023 - 127), 0), 254)
+        return tl.where(exponent == 0x7FF, 255, slot)
+    else:
+        return (x.to(tl.int32, bitcast=True) >> 23) & 0xFF
+
+
+@triton.jit
+def _linear_slots(x, linear, BINS: tl.constexpr):
+    """The linear histogram's slot, as ``linear_bin_index`` computes it, NaN in slot 0."""
+    lo = tl.load(linear + 0)
+    hi = tl.load(linear + 1)
+    scale = tl.load(linear + 2)  # bins / (hi - lo)
+    width = tl.load(linear + 3)  # (hi - lo) / bins
+    bins = tl.load(linear + 4)  # the number of bins, as float64
+    value = x.to(tl.float64)
+    nan = value != value
+    position = tl.minimum(tl.maximum(tl.floor((value - lo) * scale), -1.0), bins)
+    position = tl.where(nan, 0.0, position)
+    edge = tl.where(position >= bins, hi, lo + tl.maximum(position, 0.0) * width)
+    position -= ((position >= 0) & (value < edge)).to(tl.float64)
+    edge = tl.where(position + 1 >= bins, hi, lo + tl.maximum(position + 1, 0.0) * width)
+    position += ((position < bins) & (value >= edge)).to(tl.float64)
+    return (position + 1).to(tl.int32)
+
+
+@triton.jit
+def partials_kernel(
+    src,  # the tensor, or the group's first tensor
+    numel,  # its number of elements (one tensor)
+    offsets,  # int64 per tensor: its elements' offset from src (a group)
+    sizes,  # int64 per tensor: its numel (a group)
+    programs,  # int64 per program: (tensor, first program of that tensor, its programs)
+    parts,  # float64 (programs, PART_WIDTH)
+    hists,  # int32 (programs, SLOTS_POW2)
+    linear,  # float64 (5,): lo, hi, scale, width, bins
+    KIND: tl.constexpr,
+    HISTOGRAM: tl.constexpr,
+    SLOTS_POW2: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if GROUP:
+        tensor = tl.load(programs + 3 * pid)
+        first = tl.load(programs + 3 * pid + 1)
+        own = tl.load(programs + 3 * pid + 2)
+        base = src + tl.load(offsets + tensor)
+        n = tl.load(sizes + tensor)
+        local = pid - first
+    else:
+        base = src
+        n = numel
+        local = pid
+        own = tl.num_programs(0)
+
+    count = tl.zeros((), tl.float64)
+    mean = tl.zeros((), tl.float64)
+    m2 = tl.zeros((), tl.float64)
+    low = tl.full((), float("inf"), tl.float64)
+    high = tl.full((), float("-inf"), tl.float64)
+    zeros = tl.zeros((), tl.int64)
+    nans = tl.zeros((), tl.int64)
+    infs = tl.zeros((), tl.int64)
+    negs = tl.zeros((), tl.int64)
+    poss = tl.zeros((), tl.int64)
+    hist = tl.zeros((SLOTS_POW2,), tl.int32)
+    lanes = tl.arange(0, BLOCK)
+    for start in tl.range(local.to(tl.int64) * BLOCK, n, own.to(tl.int64) * BLOCK):
+        index = start + lanes
+        inside = index < n
+        raw = tl.load(base + index, mask=inside, other=0)
+        if KIND == INTEGER:
+            zeros += tl.sum((inside & (raw == 0)).to(tl.int32), 0)
+            negs += tl.sum((inside & (raw < 0)).to(tl.int32), 0)
+            poss += tl.sum((inside & (raw > 0)).to(tl.int32), 0)
+        else:
+            x = _decode(raw, KIND)
+            finite = inside & (tl.abs(x) < float("inf"))  # NaN compares false too
+            nan = inside & (x != x)
+            zeros += tl.sum((inside & (x == 0)).to(tl.int32), 0)
+            nans += tl.sum(nan.to(tl.int32), 0)
+            infs += tl.sum((inside & (tl.abs(x) == float("inf"))).to(tl.int32), 0)
+            negs += tl.sum((inside & (x < 0)).to(tl.int32), 0)
+            poss += tl.sum((inside & (x > 0)).to(tl.int32), 0)
+            low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 0).to(tl.float64))
+            high = tl.maximum(high, tl.max(tl.where(finite, x, float("-inf")), 0).to(tl.float64))
+
+            # The block's count, mean and M2 in float64, from deviations from its own mean.
+            value = tl.where(finite, x.to(tl.float64), 0.0)
+            if KIND == FLOAT64:
+                # Scaled by a power of two so that no sum or square overflows; exact.
+                largest = tl.max(tl.abs(value), 0)
+                exponent = ((largest.to(tl.int64, bitcast=True) >> 52) & 0x7FF).to(tl.int32)
+                shift = tl.minimum(tl.maximum(1023 - exponent, -1022), 1000)
+                value = value * _power_of_two(shift)
+            block_count = tl.sum(finite.to(tl.int32), 0).to(tl.float64)
+            divisor = tl.maximum(block_count, 1.0)
+            block_mean = tl.sum(value, 0) / divisor
+            deviation = tl.where(finite, value - block_mean, 0.0)
+            spread = tl.sum(deviation, 0)  # what rounding left in the mean, removed below
+            block_m2 = tl.maximum(tl.sum(deviation * deviation, 0) - spread * spread / divisor, 0.0)
+            block_mean += spread / divisor
+            if KIND == FLOAT64:
+                undo = _power_of_two(-shift)
+                block_mean = block_mean * undo
+                block_m2 = block_m2 * undo * undo
+
+            # Chan: merge the block into the program's partials.
+            total = count + block_count
+            delta = block_mean - mean
+            weight = tl.where(total > 0, block_count / tl.maximum(total, 1.0), 0.0)
+            mean += delta * weight
+            # count * weight first: 0 for the first block, where delta**2 alone may overflow
+            m2 += block_m2 + count * weight * delta * delta
+            count = total
+
+            if HISTOGRAM == LOG2:
+                hist += tl.histogram(_log2_slots(x, KIND), SLOTS_POW2, mask=inside)
+            elif HISTOGRAM == LINEAR:
+                slots = _linear_slots(x, linear, SLOTS_POW2)
+                hist += tl.histogram(slots, SLOTS_POW2, mask=inside & (x == x))
+
+    row = parts + pid.to(tl.int64) * PART_WIDTH
+    tl.store(row + PART_COUNT, count)
+    tl.store(row + PART_MEAN, mean)
+    tl.store(row + PART_M2, m2)
+    tl.store(row + PART_MIN, low)
+    tl.store(row + PART_MAX, high)
+    tl.store(row + PART_ZEROS, zeros.to(tl.float64))
+    tl.store(row + PART_NAN, nans.to(tl.float64))
+    tl.store(row + PART_INF, infs.to(tl.float64))
+    tl.store(row + PART_NEG, negs.to(tl.float64))
+    tl.store(row + PART_POS, poss.to(tl.float64))
+    if HISTOGRAM != NO_HISTOGRAM:
+        tl.store(hists + pid.to(tl.int64) * SLOTS_POW2 + tl.arange(0, SLOTS_POW2), hist)
+
+
+@triton.jit
+def finish_kernel(
+    numel,  # one tensor's numel
+    programs,  # one tensor's programs
+    sizes,  # int64 per tensor (a group)
+    firsts,  # int64 per tensor: its first program; one more entry: the programs in all
+    parts,
+    hists,
+    rows,  # the row of the first tensor in the row buffer (float64)
+    row_width,  # the buffer's row length: the partials, then the histogram's slots
+    slots,  # the histogram's slots in a row (0: none)
+    HISTOGRAM: tl.constexpr,
+    SLOTS_POW2: tl.constexpr,
+    GROUP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SLOT_CHUNK: tl.constexpr,
+):
+    tensor = tl.program_id(0)
+    part = tl.program_id(1)
+    if GROUP:
+        first = tl.load(firsts + tensor)
+        last = tl.load(firsts + tensor + 1)
+    else:
+        first = tl.zeros((), tl.int64)
+        last = programs.to(tl.int64)
+    row = rows + tensor.to(tl.int64) * row_width
+    lanes = tl.arange(0, CHUNK)
+    if part == 0:
+        if GROUP:
+            n = tl.load(sizes + tensor)
+        else:
+            n = numel
+        count = tl.zeros((), tl.float64)
+        mean = tl.zeros((), tl.float64)
+        m2 = tl.zeros((), tl.float64)
+        low = tl.full((), float("inf"), tl.float64)
+        high = tl.full((), float("-inf"), tl.float64)
+        zeros = tl.zeros((), tl.float64)
+        nans = tl.zeros((), tl.float64)
+        infs = tl.zeros((), tl.float64)
+        negs = tl.zeros((), tl.float64)
+        poss = tl.zeros((), tl.float64)
+        for start in tl.range(first, last, CHUNK):
+            program = start + lanes
+            inside = program < last
+            at = parts + program.to(tl.int64) * PART_WIDTH
+            counts = tl.load(at + PART_COUNT, mask=inside, other=0.0)
+            means = tl.load(at + PART_MEAN, mask=inside, other=0.0)
+            m2s = tl.load(at + PART_M2, mask=inside, other=0.0)
+            # The chunk's programs merged at once (Chan for many parts), then into the rest.
+            chunk_count = tl.sum(counts, 0)
+            divisor = tl.maximum(chunk_count, 1.0)
+            chunk_mean = tl.sum(counts * means, 0) / divisor
+            spread = means - chunk_mean
+            chunk_m2 = tl.sum(m2s, 0) + tl.sum(tl.where(inside, counts * spread * spread, 0.0), 0)
+            total = count + chunk_count
+            delta = chunk_mean - mean
+            weight = tl.where(total > 0, chunk_count / tl.maximum(total, 1.0), 0.0)
+            mean += delta * weight
+            m2 += chunk_m2 + count * weight * delta * delta
+            count = total
+            lows = tl.load(at + PART_MIN, mask=inside, other=float("inf"))
+            highs = tl.load(at + PART_MAX, mask=inside, other=float("-inf"))
+            low = tl.minimum(low, tl.min(lows, 0))
+            high = tl.maximum(high, tl.max(highs, 0))
+            zeros += tl.sum(tl.load(at + PART_ZEROS, mask=inside, other=0.0), 0)
+            nans += tl.sum(tl.load(at + PART_NAN, mask=inside, other=0.0), 0)
+            infs += tl.sum(tl.load(at + PART_INF, mask=inside, other=0.0), 0)
+            negs += tl.sum(tl.load(at + PART_NEG, mask=inside, other=0.0), 0)
+            poss += tl.sum(tl.load(at + PART_POS, mask=inside, other=0.0), 0)
+        # The row's fields, in stats._layout.Field's order.
+        tl.store(row + ROW_NUMEL, n.to(tl.float64))
+        tl.store(row + ROW_COUNT, count)
+        tl.store(row + ROW_MEAN, mean)
+        tl.store(row + ROW_M2, m2)
+        tl.store(row + ROW_MIN, low)
+        tl.store(row + ROW_MAX, high)
+        tl.store(row + ROW_ZEROS, zeros)
+        tl.store(row + ROW_NAN, nans)
+        tl.store(row + ROW_INF, infs)
+        tl.store(row + ROW_NEG, negs)
+        tl.store(row + ROW_POS, poss)
+        if HISTOGRAM == NO_HISTOGRAM:  # a tensor without one in a buffer with: zeros
+            for start in tl.range(0, slots, SLOT_CHUNK):
+                slot = start + tl.arange(0, SLOT_CHUNK)
+                empty = tl.zeros((SLOT_CHUNK,), tl.float64)
+                tl.store(row + ROW_WIDTH + slot, empty, mask=slot < slots)
+    elif HISTOGRAM != NO_HISTOGRAM:
+        # Program ``part`` sums the columns of slots [(part - 1) * SLOT_CHUNK, part * SLOT_CHUNK).
+        slot = (part - 1) * SLOT_CHUNK + tl.arange(0, SLOT_CHUNK)
+        total = tl.zeros((SLOT_CHUNK,), tl.int64)
+        for start in tl.range(first, last, CHUNK):
+            program = start + lanes
+            at = hists + program.to(tl.int64)[:, None] * SLOTS_POW2 + slot[None, :]
+            inside = (program < last)[:, None] & (slot < SLOTS_POW2)[None, :]
+            total += tl.sum(tl.load(at, mask=inside, other=0).to(tl.int64), 0)
+        tl.store(row + ROW_WIDTH + slot, total.to(tl.float64), mask=slot < slots)

@@ -1,0 +1,169 @@
+"""What the GPU path launches per recorded tensor, counted with the path forced on CPU tensors.
+
+The Triton kernels run in triton's interpreter; every aten op goes through a dispatch mode
+that counts it. A watched training step and an unwatched copy's step run the same user ops,
+so the difference is layerscope's own: two Triton launches per activation and gradient, two
+per dtype group of each parameter kind, the update's three foreach ops, one concatenation per
+flush, and nothing that reads a value back. A group whose tensors moved since its last read
+(gradients that ``zero_grad()`` freed) sends its table of offsets anew: built on the host
+(``lift_fresh`` here), a non-blocking copy from pinned memory on a GPU.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+import layerscope
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("forces the GPU path in triton's interpreter", allow_module_level=True)
+
+from layerscope.stats import _triton, _triton_kernels
+
+# Ops that launch nothing: allocation and views.
+_FREE = {
+    "empty", "empty_strided", "view", "_unsafe_view", "as_strided", "detach", "alias", "t",
+    "transpose", "permute", "expand", "slice", "select", "unsqueeze", "squeeze", "_reshape_alias",
+}  # fmt: skip
+# The update itself (after - before of every parameter) and the flush's one payload.
+_UPDATE_OPS = {"_foreach_copy_", "_foreach_neg_", "_foreach_add_"}
+_FLUSH_OPS = {"cat"}
+_TABLE_OPS = {"lift_fresh"}
+EVERY_KIND = ("input", "activation", "grad", "weight", "weight_grad", "update", "buffer")
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _CountLaunches:
+    """Stands in for a kernel: counts its launches, which run outside the dispatch mode."""
+
+    def __init__(self, kernel: object, launches: list[str], name: str) -> None:
+        self.kernel, self.launches, self.name = kernel, launches, name
+
+    def __getitem__(self, grid: tuple[int, ...]):  # type: ignore[no-untyped-def]
+        run = self.kernel[grid]  # type: ignore[index]
+
+        def launch(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.launches.append(self.name)
+            with _disable_current_modes():  # the interpreter's own copies are not launches
+                return run(*args, **kwargs)
+
+        return launch
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    counted: list[str] = []
+    for name in ("partials_kernel", "finish_kernel"):
+        kernel = getattr(_triton_kernels, name)
+        monkeypatch.setattr(_triton_kernels, name, _CountLaunches(kernel, counted, name))
+    with _triton.on_cpu():
+        yield counted
+
+
+class _Model(nn.Module):
+    """Token ids (int64) in, an embedding, a float32 MLP and a bfloat16 head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 8)
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+        self.head = nn.Linear(8, 4).to(torch.bfloat16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.mlp(self.embed(ids)).to(torch.bfloat16)).float()
+
+
+def _train(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor) -> None:
+    loss = model(ids).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _step_ops(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor):  # type: ignore[no-untyped-def]
+    with _CountOps() as counter:
+        _train(model, optimizer, ids)
+    return counter.ops
+
+
+def _twins():  # type: ignore[no-untyped-def]
+    """A model and an unwatched copy, each with its optimizer, and token ids."""
+    torch.manual_seed(0)
+    model = _Model()
+    plain = copy.deepcopy(model)
+    ids = torch.randint(0, 50, (4, 6))
+    optimizers = torch.optim.AdamW(model.parameters()), torch.optim.AdamW(plain.parameters())
+    return model, plain, ids, optimizers
+
+
+def test_each_recorded_tensor_costs_two_launches_and_parameters_two_per_group(launches):
+    model, plain, ids, (optimizer, plain_optimizer) = _twins()
+    _train(plain, plain_optimizer, ids)
+    unwatched = _step_ops(plain, plain_optimizer, ids)
+    kinds = ("input", "activation", "grad", "weight", "weight_grad", "update")
+    with layerscope.watch(model, optimizer=optimizer, every=1, capture=kinds) as scope:
+        _train(model, optimizer, ids)
+        launches.clear()
+        watched = _step_ops(model, optimizer, ids)
+        step_launches = list(launches)
+    frame = scope.frame()
+    rows = frame[frame["step"] == 1]
+    per_tensor = rows[rows["kind"].isin(["input", "activation", "grad"])]
+    # Inputs that are the previous module's output share its row: count distinct readings.
+    assert "int64" in set(per_tensor["dtype"])  # the token ids: the integer path
+    groups = rows[rows["kind"].isin(["weight", "weight_grad", "update"])]
+    group_count = len(groups.groupby(["kind", "dtype"]))
+    assert group_count == 6  # float32 and bfloat16, three kinds
+    read_alone = len(per_tensor.drop_duplicates(["module", "kind", "tensor"]))
+    shared = _inputs_shared_with_outputs(rows)
+    assert len(step_launches) == 2 * (read_alone - shared) + 2 * group_count
+    assert step_launches.count("partials_kernel") <= step_launches.count("finish_kernel")
+
+    own = watched - unwatched
+    launched = {op: n for op, n in own.items() if op not in _FREE}
+    assert set(launched) <= _UPDATE_OPS | _FLUSH_OPS | _TABLE_OPS, launched
+    # Two parameter dtypes: each foreach op runs once per list; one payload per flush; the
+    # weights' and updates' tables are kept, the new gradients' sent again.
+    assert all(n <= 2 for op, n in launched.items() if op in _UPDATE_OPS), launched
+    assert launched.get("cat", 0) == 1
+    assert launched.get("lift_fresh", 0) <= 2
+    for never in ("_local_scalar_dense", "item", "nonzero", "_to_copy", "copy_"):
+        assert never not in own, never  # no read back, no copy of a row from a host list
+
+
+def _inputs_shared_with_outputs(rows) -> int:  # type: ignore[no-untyped-def]
+    """Inputs recorded from a tensor already read as the previous module's output."""
+    inputs = rows[rows["kind"] == "input"]
+    outputs = rows[rows["kind"] == "activation"]
+    keys = ["mean", "min", "max", "numel", "dtype"]
+    out = {tuple(row) for row in outputs[keys].itertuples(index=False)}
+    return sum(tuple(row) in out for row in inputs[keys].itertuples(index=False))
+
+
+def test_the_watched_step_trains_exactly_as_the_unwatched_one(launches):
+    model, plain, ids, (optimizer, plain_optimizer) = _twins()
+    with layerscope.watch(model, optimizer=optimizer, every=1, capture=EVERY_KIND):
+        for _ in range(3):
+            _train(model, optimizer, ids)
+            _train(plain, plain_optimizer, ids)
+    for a, b in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert launches  # the GPU path did the reading
