@@ -62,3 +62,34 @@ def test_damage_benchmark_tables_what_it_classified(tmp_path):
     text = damage.table({case.name: outcomes}, "here", 1.0)
     assert "| control-untouched | ok | ok | ok |" in text
     assert "| ok | 7 | 2 | 9 | 18 |" in text
+
+
+def test_gpu_benchmark_runs_every_configuration_on_the_cpu(tmp_path):
+    import json
+    import math
+
+    path = tmp_path / "gpu.json"
+    command = [sys.executable, str(BENCHMARKS / "gpu.py"), "--small", "--device", "cpu"]
+    command += ["--rounds", "1", "--steps", "2", "--workloads", "stack", "--json", str(path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("Device: CPU")
+    stack = json.loads(path.read_text())["workloads"]["stack"]
+    gpu = _benchmark("gpu")
+    # Every configuration was timed; only a peer that is not installed may be left out.
+    missing = set(gpu.CONFIGS) - set(stack["configs"])
+    assert missing <= {gpu.TENSORBOARD}
+    assert all(any(name in note for note in stack["skipped"]) for name in missing)
+    ratios = [figures["ratio"] for figures in stack["configs"].values()]
+    ratios += [stack["noise_floor"], *stack["derived"].values()]
+    assert all(math.isfinite(ratio) and ratio > 0 for ratio in ratios), ratios
+    assert stack["rounds"] == 1
+    assert stack["watched"] == 31  # the 10 blocks' 30 leaves and the head
+    # The recorded statistics match float64, and the whole tensors kept are the tensors.
+    exactness = stack["exactness"]
+    assert exactness["worst_relative_error"] < 1e-6
+    assert exactness["activations_compared"] == 31
+    assert exactness["weights_compared"] == 42  # weight and bias of 21 Linear and LayerNorm
+    assert exactness["rows_without_reference"] == 0
+    tensors = exactness["tensors"]
+    assert tensors["bit_equal"] == tensors["kept"] == tensors["expected"] > 0
