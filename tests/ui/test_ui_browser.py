@@ -10,34 +10,15 @@ import os
 from pathlib import Path
 
 import pytest
+from browsing import CHROMIUM, WAIT_MS, click_cell, plotted
 from live_training import LiveTraining
 from ui_runs import XSS_NAME, Server
 
 from layerscope.ui._report import write_report
 
-CHROMIUM = "/usr/bin/chromium"
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright")
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"needs Debian's chromium at {CHROMIUM}", allow_module_level=True)
-
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
-WAIT_MS = 15_000
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture
@@ -45,54 +26,6 @@ def screenshots(tmp_path):
     folder = Path(os.environ.get("LAYERSCOPE_SCREENSHOTS") or tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-@pytest.fixture
-def page(browser):
-    """A page that records script errors, dialogs and failed requests; none are allowed."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    opened = context.new_page()
-    problems: list[str] = []
-    opened.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-    opened.on("dialog", lambda dialog: (problems.append(f"dialog: {dialog.message}"),
-                                        dialog.dismiss()))  # fmt: skip
-    opened.on(
-        "console",
-        lambda message: (
-            problems.append(f"console: {message.text}") if message.type == "error" else None
-        ),
-    )
-    yield opened
-    context.close()
-    assert problems == []
-
-
-def plotted(page, element_id: str) -> None:
-    """Wait until Plotly has drawn into ``element_id`` with at least one trace of data."""
-    page.wait_for_function(
-        "id => { const n = document.getElementById(id);"
-        " return n && n.data && n.data.length > 0 && n.querySelector('.main-svg'); }",
-        arg=element_id,
-        timeout=WAIT_MS,
-    )
-
-
-def click_cell(page, element_id: str, row: int, x: float) -> None:
-    """Click the heat map cell of row ``row`` (0 = top) at step ``x``, as a user would."""
-    page.wait_for_function(
-        "id => document.getElementById(id).dataset.bound === '1'", arg=element_id
-    )
-    page.wait_for_timeout(300)  # let a relayout in flight (the step marker) settle
-    where = page.evaluate(
-        """([id, row, x]) => {
-            const node = document.getElementById(id);
-            const xa = node._fullLayout.xaxis, ya = node._fullLayout.yaxis;
-            const box = node.querySelector('.nsewdrag').getBoundingClientRect();
-            return [box.left + xa.l2p(x), box.top + ya.l2p(row)];
-        }""",
-        [element_id, row, x],
-    )
-    page.mouse.click(where[0], where[1])
 
 
 def test_the_runs_then_a_run(page, server, screenshots):

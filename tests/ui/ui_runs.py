@@ -17,6 +17,7 @@ from torch import nn
 import layerscope
 
 XSS_NAME = "<img src=x onerror=alert(1)>"
+LINEAR_HISTOGRAM = ("linear", -1.0, 1.0, 8)
 
 
 def tiny_model(hidden: int = 8) -> nn.Module:
@@ -34,19 +35,50 @@ def xss_model() -> nn.Module:
     return model
 
 
+def tanh_model() -> nn.Module:
+    """The tiny MLP with a Tanh where it has a ReLU: layer "1" is another module type."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def dead_model() -> nn.Module:
+    """The tiny MLP whose ReLU ("1") outputs exact zeros only: its first layer's bias is -100."""
+    model = tiny_model()
+    with torch.no_grad():
+        model[0].bias.fill_(-100.0)
+    return model
+
+
+def write_alerts(path: Path, alerts: list[dict]) -> None:
+    """Replace the alerts of the finished run at ``path`` with ``alerts`` (rows of its table)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (file,) = (path / "alerts").glob("*.parquet")
+    schema = pq.read_schema(file)
+    pq.write_table(pa.Table.from_pylist(alerts, schema=schema), file)
+
+
 def record(
-    path: Path, steps: int, *, model: nn.Module | None = None, nan_at=None, seed: int = 0
+    path: Path,
+    steps: int,
+    *,
+    model: nn.Module | None = None,
+    nan_at=None,
+    seed: int = 0,
+    **options,
 ) -> Path:
     """Train ``model`` (default: the tiny MLP) for ``steps`` SGD steps, each recorded.
 
     ``nan_at``: a step whose batch holds a NaN, which raises a ``nonfinite`` alert.
+    ``options``: more arguments of ``watch`` (``histogram=``...).
     """
     model = tiny_model() if model is None else model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(1 + seed)
     with (
         warnings.catch_warnings(),
-        layerscope.watch(model, run=path, every=1, optimizer=optimizer) as scope,
+        layerscope.watch(model, run=path, every=1, optimizer=optimizer, **options) as scope,
     ):
         warnings.simplefilter("ignore")  # the non-finite alert warns; here it is wanted
         for step in range(steps):
@@ -109,3 +141,27 @@ class Server:
         status, _, body = self.get(path)
         assert status == 200, (path, status, body[:300])
         return json.loads(body)
+
+
+def many_alerts() -> list[dict]:
+    """118 alerts: 72 "dead" warnings, 36 "exploding" warnings, 10 "nonfinite" errors."""
+    rows = []
+    for rule, severity, kinds, steps in [
+        ("dead", "warning", ("activation", "grad", "weight", "weight_grad"), range(6)),
+        ("exploding", "warning", ("grad", "weight_grad"), range(6)),
+        ("nonfinite", "error", ("activation",), range(3, 6)),
+    ]:
+        for step in steps:
+            for module in ("0", "1", "2"):
+                for kind in kinds:
+                    rows.append(_alert(step, rule, severity, module, kind))
+    rows.append(_alert(5, "nonfinite", "error", "2", "grad"))
+    return sorted(rows, key=lambda row: (row["step"], row["module"]))
+
+
+def _alert(step: int, rule: str, severity: str, module: str, kind: str) -> dict:
+    return {
+        "step": step, "phase": "train", "rule": rule, "module": module, "kind": kind,
+        "tensor": "out", "severity": severity, "value": 1.0, "threshold": 0.5,
+        "message": f"{rule} at step {step}", "rank": 0,
+    }  # fmt: skip

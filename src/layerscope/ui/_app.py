@@ -28,7 +28,7 @@ in the figures, ``columns`` caps the columns of steps)::
     /api/runs/RUN/alerts?rank=             alerts
     /api/runs/RUN/heatmap?stat=&kind=...   layers by steps of one statistic
     /api/runs/RUN/series?module=&kind=...  one layer's statistics over steps
-    /api/runs/RUN/colordim?module=&kind=.. one layer's log2 histogram over steps
+    /api/runs/RUN/colordim?module=&kind=.. one layer's histogram (log2 or linear) over steps
     /api/runs/RUN/distribution?module=&step=&kind=...  its histogram at one step
 """
 

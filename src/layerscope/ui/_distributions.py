@@ -1,8 +1,14 @@
-"""One layer's log2 histograms: over steps (the "color_dim" picture) and at one step.
+"""One layer's histograms: over steps (the "color_dim" picture) and at one step.
 
 Histograms are stored trimmed (``hist`` from slot ``hist_lo`` on): DuckDB unnests them into
 (slot, count) cells and sums the cells of each column of steps, so only the chosen layer's
 counts leave the database. Columns of several steps hold the mean count per step.
+
+Each answer says its ``scale``. A log2 histogram (``"log2"``) is shown over the exponents of
+the magnitude slots that hold a count, its zeros and its Inf/NaN slot apart. A linear one
+(``"linear"``, ``histogram=("linear", lo, hi, bins)``) is shown in value units, every slot:
+``bounds`` are where each slot is drawn, as the matplotlib figures draw it (its underflow and
+overflow slots as bands beyond lo and hi, named by ``open_slots``); NaN is in no slot.
 """
 
 from __future__ import annotations
@@ -12,8 +18,9 @@ from typing import Any
 import numpy as np
 import pandas
 
-from layerscope.plots._histograms import histogram_edges, magnitude_slots, occupied_range, widen
+from layerscope.plots._histograms import histogram_edges, widen
 from layerscope.plots._select import PICKED_MODULES
+from layerscope.plots._value_axis import is_linear, value_axis
 from layerscope.store import Run
 from layerscope.store._damage import check_fits
 from layerscope.ui._encode import integers, numbers, pack
@@ -22,14 +29,12 @@ from layerscope.ui._query import Selection, check_module
 
 
 def color_dim(run: Run, selection: Selection, module: str, width: int) -> dict[str, Any]:
-    """The layer's histogram over steps: magnitude slots (rows) by columns of steps.
+    """The layer's histogram over steps: slots (rows) by columns of steps.
 
     Returns:
-        ``steps`` and ``last_steps`` of each column; ``exponents``, the log2 of each shown
-        slot's lower edge (the slots from the lowest to the highest that holds a count);
-        ``counts``, a packed (slots, columns) matrix of mean counts per step; ``zeros`` and
-        ``infinite``, the exact zeros and infinities per column, which have no log2 slot;
-        ``totals``, the elements counted per column.
+        ``steps`` and ``last_steps`` of each column; ``counts``, a packed (slots, columns)
+        matrix of mean counts per step; ``totals``, the elements counted per column; and the
+        slots, as ``_slots`` describes them for the run's ``scale``.
 
     Raises:
         ValueError: the run kept no histograms, or an unknown module, kind or phase.
@@ -94,7 +99,7 @@ def _color_dim(
         counts[slots, columns] = per_step
         spans = rows.groupby("bucket").agg(first=("first", "min"), last=("last", "max"))
         first, last = integers(spans["first"]), integers(spans["last"])
-    shown = occupied_range(counts, magnitude_slots(edges), edges)
+    shown, described = _slots(edges, counts)
     return {
         "module": module,
         "kind": selection.kind,
@@ -103,10 +108,9 @@ def _color_dim(
         "rank": selection.rank,
         "steps": first,
         "last_steps": last,
-        "exponents": integers(np.log2(edges[shown])),
+        **described,
         "counts": pack(counts[shown]),
-        "zeros": numbers(counts[0]),
-        "infinite": numbers(counts[-1]),
+        **_apart(edges, counts, numbers),
         "totals": numbers(counts.sum(axis=0)),
         "width": width,
         "aggregate": "mean" if merges(first, last) else None,
@@ -114,13 +118,38 @@ def _color_dim(
     }
 
 
+def _slots(edges: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """The slots a picture of ``counts`` (slots, columns) shows, and how to draw them.
+
+    Log2: ``exponents``, the log2 of each shown slot's lower edge (the magnitude slots from
+    the lowest to the highest that holds a count). Linear: every slot; ``bounds``, slot ``i``
+    drawn from ``bounds[i]`` to ``bounds[i + 1]`` in value units; ``open_slots``, what the
+    underflow and overflow slots hold (``"< lo"``, ``"≥ hi"``).
+    """
+    axis = value_axis(edges, counts)
+    if axis.linear:
+        described = {"bounds": numbers(axis.bounds), "open_slots": list(axis.open_slot_names())}
+        return axis.slots, {"scale": "linear", **described}
+    return axis.slots, {"scale": "log2", "exponents": integers(np.log2(edges[axis.slots]))}
+
+
+def _apart(edges: np.ndarray, counts: np.ndarray, convert: Any) -> dict[str, Any]:
+    """A log2 histogram's slots without an exponent: zeros (and subnormals), Inf/NaN.
+
+    A linear histogram has none: 0 is a value among the others, Inf in its open slots.
+    """
+    if is_linear(edges):
+        return {}
+    return {"zeros": convert(counts[0]), "infinite": convert(counts[-1])}
+
+
 def distribution(run: Run, selection: Selection, module: str, step: int) -> dict[str, Any]:
     """The layer's histogram at one recorded step, as fractions of its elements.
 
     Returns:
-        ``step``; ``exponents`` and ``fractions`` of the occupied magnitude slots; the
-        fractions of ``zeros`` and ``infinite`` values; ``total`` elements counted. ``step``
-        is None where that step has no row.
+        ``step``; ``fractions`` of the slots shown, described as in ``color_dim``; for a log2
+        histogram the fractions of ``zeros`` and ``infinite`` values; ``total`` elements
+        counted. ``step`` is None where that step has no row.
     """
     edges = histogram_edges(run)
     check_module(run, module)
@@ -134,7 +163,7 @@ def distribution(run: Run, selection: Selection, module: str, step: int) -> dict
     counts = widen(frame["hist_lo"].iloc[0], frame["hist"].iloc[0], len(edges))
     total = float(counts.sum())
     fractions = counts / total if total else counts
-    shown = occupied_range(counts[:, None], magnitude_slots(edges), edges)
+    shown, described = _slots(edges, counts[:, None])
     return {
         "module": module,
         "kind": selection.kind,
@@ -142,9 +171,8 @@ def distribution(run: Run, selection: Selection, module: str, step: int) -> dict
         "phase": selection.phase,
         "rank": selection.rank,
         "step": int(step),
-        "exponents": integers(np.log2(edges[shown])),
+        **described,
         "fractions": numbers(fractions[shown]),
-        "zeros": float(fractions[0]),
-        "infinite": float(fractions[-1]),
+        **_apart(edges, fractions, float),
         "total": total,
     }

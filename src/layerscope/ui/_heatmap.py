@@ -36,7 +36,8 @@ def heatmap(run: Run, selection: Selection, stat: str, width: int) -> dict[str, 
     """Layers (model order) by columns of ``width`` steps: one statistic, aggregated per column.
 
     Returns:
-        ``layers``; ``steps`` and ``last_steps``, the first and last recorded step of each
+        ``layers`` and their module ``types`` (a compared run's layer is the same layer only
+        where both match); ``steps`` and ``last_steps``, the first and last recorded step of each
         column; ``values``, a packed float32 (layers, columns) matrix, NaN where a layer has
         no row; ``width``, ``aggregate`` and ``downsampled``, how columns were made.
 
@@ -55,7 +56,8 @@ def heatmap(run: Run, selection: Selection, stat: str, width: int) -> dict[str, 
     # Modules as codes: 200,000 rows name ~200 modules, and Python never sees each row's.
     codes, names = pandas.factorize(frame["module"])
     present = {str(name): code for code, name in enumerate(names)}
-    layers = [info.name for info in run.modules if info.name in present]
+    shown = [info for info in run.modules if info.name in present]
+    layers = [info.name for info in shown]
     buckets = np.unique(frame["bucket"].to_numpy(dtype=np.int64))
     values = np.full((len(layers), len(buckets)), np.nan)
     if len(frame):
@@ -77,6 +79,7 @@ def heatmap(run: Run, selection: Selection, stat: str, width: int) -> dict[str, 
         "stat": stat,
         "log_scale": stat in LOG_SCALE_STATS,
         "layers": layers,
+        "types": [info.type for info in shown],
         "steps": first,
         "last_steps": last,
         "values": pack(values),

@@ -73,12 +73,22 @@ def _meta_ranks(meta: dict[str, Any]) -> set[int]:
 
 
 def overhead(meta: dict[str, Any]) -> dict[str, Any]:
-    """The cost of recording, as the run noted it, with the training thread's per step."""
+    """The cost of recording, as the run noted it, with the training thread's per step.
+
+    While a run is written (``live``), ``run.json`` carries the training thread's seconds and
+    the kernel from its first flush on, but the writer's seconds only at close: a value not
+    written yet is None, never the 0 ``run.json`` starts with. A crashed run never wrote them.
+    """
+    live = meta.get("status") == "running"
+    closed = not live and meta.get("status") != "crashed"
     steps = meta.get("steps") or 0
     cost = meta.get("cost_seconds")
+    if not closed and not cost:
+        cost = None  # no flush has noted it yet
     return {
+        "live": live,
         "cost_seconds": cost,
-        "writer_seconds": meta.get("writer_seconds"),
+        "writer_seconds": meta.get("writer_seconds") if closed else None,
         "cost_ms_per_step": 1000 * cost / steps if cost is not None and steps else None,
         "steps": meta.get("steps"),
         "kernel": meta.get("kernel"),

@@ -6,8 +6,10 @@
           panels, watchSkipped } = window.layerscope;
   const POLL_MS = 2000;
   const PLOT_CONFIG = { responsive: true, displaylogo: false };
+  // ``stepChosen``: the user picked ``step`` (a cell, an alert); until then it follows the
+  // latest step of a run being written.
   const state = { run: null, compare: null, rank: 0, kind: null, tensor: null, phase: "train",
-                  stat: "absmax", seriesStat: null, module: null, step: null };
+                  stat: "absmax", seriesStat: null, module: null, step: null, stepChosen: false };
   let summary = null;        // the run's summary, as last fetched
   let pollTimer = null;
   let generation = 0;        // bumped by each navigation: stale answers are dropped
@@ -56,7 +58,7 @@
     if (REPORT && !target.run) target.run = REPORT.run;
     if (target.run) {
       Object.assign(state, { run: target.run, compare: target.compare || (REPORT && REPORT.compare) || null,
-                             rank: target.rank || 0, kind: null, module: null, step: null });
+                             rank: target.rank || 0, kind: null, module: null, step: null, stepChosen: false });
       showRun();
     } else {
       showRuns();
@@ -157,6 +159,7 @@
         renderHead();
         renderOverhead();
         await Promise.all([renderScalars(), renderAlerts(), renderHeatmaps(), state.module !== null ? renderLayer() : null]);
+        if (mine === generation) document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
       }
       replace("live", summary.status === "running" ? "● live" : "");
     } catch (error) {
@@ -255,43 +258,62 @@
       label("phase", select("phase-select", summary.phases, state.phase, changes((value) => { state.phase = value; }, true))));
   }
 
+  // The run's heat map, and the compared run's beside it on the same colour scale.
   async function renderHeatmaps() {
     renderHeatmapControls();
     const mine = generation;
     const params = chartParams({ stat: state.stat });
-    const jobs = [drawHeatmap("heatmap", state.run, params, mine)];
-    if (state.compare) jobs.push(drawHeatmap("heatmap-compare", state.compare, params, mine));
-    else { Plotly.purge("heatmap-compare"); replace("heatmap-compare"); }
-    document.getElementById("heatmap-compare").style.display = state.compare ? "" : "none";
-    const [data] = await Promise.all(jobs);
-    if (data && mine === generation) {
-      replace("heatmap-note", data.downsampled
-        ? `${data.steps.length} columns of ${data.width} steps each (${data.aggregate} over each column's recorded steps); click a cell for the layer`
-        : `${data.steps.length} recorded steps; click a cell for the layer`);
-      if (state.module === null && data.layers.length) {
-        selectLayer(data.layers[0], data.steps[data.steps.length - 1], false);
-      }
+    const compareNode = document.getElementById("heatmap-compare");
+    compareNode.style.display = state.compare ? "" : "none";
+    if (!state.compare) { Plotly.purge(compareNode); replace("heatmap-compare"); replace("heatmap-unmatched"); }
+    const [own, other] = await Promise.all([heatmapAnswer("heatmap", state.run, params),
+      state.compare ? heatmapAnswer("heatmap-compare", state.compare, params) : null]);
+    if (mine !== generation) return;
+    const range = own && other ? figures.sharedRange([own, other]) : null;
+    await Promise.all([drawHeatmap("heatmap", state.run, own, range), drawHeatmap("heatmap-compare", state.compare, other, range)]);
+    if (mine !== generation || !own) return;
+    // The heat map drawn before a compared one was shown keeps its old width until resized.
+    for (const id of ["heatmap", "heatmap-compare"]) {
+      const node = document.getElementById(id);
+      if (node.classList.contains("js-plotly-plot") && node.offsetParent) Plotly.Plots.resize(node);
+    }
+    replace("heatmap-note", own.downsampled
+      ? `${own.steps.length} columns of ${own.width} steps each (${own.aggregate} over each column's recorded steps); click a cell for the layer`
+      : `${own.steps.length} recorded steps; click a cell for the layer`);
+    if (other) replace("heatmap-unmatched", panels.unmatched(own, other, summary.name || state.run, state.compare));
+    followLatestStep(own);
+  }
+
+  // The first layer at the latest step when a run opens; the latest step as a run being
+  // written grows, until the user picks a step.
+  function followLatestStep(data) {
+    const latest = data.steps[data.steps.length - 1];
+    if (state.module === null && data.layers.length) selectLayer(data.layers[0], latest, false, false);
+    else if (state.module !== null && !state.stepChosen && latest !== undefined && latest !== state.step) {
+      selectLayer(state.module, latest, false, false);
     }
   }
 
-  async function drawHeatmap(id, run, params, mine) {
-    let data;
+  async function heatmapAnswer(id, run, params) {
     try {
-      data = await api(runPath(run, "heatmap"), params);
+      return await api(runPath(run, "heatmap"), params);
     } catch (error) {
       showError(id, error);
       return null;
     }
-    if (mine !== generation) return null;
+  }
+
+  async function drawHeatmap(id, run, data, range) {
+    if (!data) return;
     const node = document.getElementById(id);
     if (!data.layers.length) {
       Plotly.purge(node);
       replace(id, el("p", { class: "note" }, "no rows of this kind, tensor and phase"));
-      return data;
+      return;
     }
     if (!node.classList.contains("js-plotly-plot")) node.replaceChildren();
     const title = run === state.run ? summary.name || run : run;
-    const figure = figures.heatmap(data, title, state.step, run + state.kind + state.tensor + state.stat);
+    const figure = figures.heatmap(data, title, state.step, run + state.kind + state.tensor + state.stat, range);
     await Plotly.react(node, figure.data, figure.layout, PLOT_CONFIG);
     node.dataset.layers = String(data.layers.length);
     node.dataset.columns = String(data.steps.length);
@@ -301,20 +323,21 @@
         // The layers of the drawing clicked: a live run or another kind may have redrawn it.
         const point = event.points[0];
         const row = node.layerscopeNames.indexOf(point.y);
-        selectLayer(node.layerscopeLayers[row >= 0 ? row : point.pointNumber[0]], point.x, true);
+        selectLayer(node.layerscopeLayers[row >= 0 ? row : point.pointNumber[0]], point.x, true, true);
       });
     }
     node.layerscopeLayers = data.layers;
     node.layerscopeNames = figure.names;
-    return data;
   }
 
   // ------------------------------------------------------------------ one layer
 
-  function selectLayer(module, step, scroll) {
+  // Show ``module`` at ``step``; ``chosen``: the user picked that step, which then stays.
+  function selectLayer(module, step, scroll, chosen) {
     newRound();
     state.module = module;
     state.step = step === undefined ? state.step : step;
+    if (chosen) state.stepChosen = true;
     document.body.dataset.module = module;
     document.body.dataset.step = String(state.step);
     for (const id of ["heatmap", "heatmap-compare"]) {
@@ -329,6 +352,10 @@
     const mine = generation;
     const module = state.module;
     replace("layer-name", layerName(module) + " · " + state.kind + " " + state.tensor);
+    replace("layer-type");
+    moduleType(state.run, module).then((type) => {
+      if (mine === generation && module === state.module && type) replace("layer-type", type);
+    });
     replace("layer-step", state.step === null ? "" : "step " + state.step);
     replace("series-controls", label("statistic", select("series-stat", summary.stats, state.seriesStat, (value) => {
       state.seriesStat = value;
@@ -341,9 +368,10 @@
 
   async function renderSeries(params, mine) {
     try {
+      const matched = await sameLayerCompared(params.module);
       const [own, other, alerts] = await Promise.all([
         api(runPath(state.run, "series"), params),
-        state.compare ? api(runPath(state.compare, "series"), params).catch(() => null) : null,
+        matched ? api(runPath(state.compare, "series"), params).catch(() => null) : null,
         api(runPath(state.run, "alerts"), { rank: state.rank })]);
       if (mine !== generation || params.module !== state.module) return;
       const stat = state.seriesStat;
@@ -355,6 +383,24 @@
     } catch (error) {
       showError("series", error);
     }
+  }
+
+  // The module type of ``module`` in ``run``, or undefined.
+  async function moduleType(run, module) {
+    try {
+      const found = (await api(runPath(run, "modules"))).modules.find((m) => m.name === module);
+      return found ? found.type : undefined;
+    } catch (error) {
+      return undefined;
+    }
+  }
+
+  // Whether the compared run has this layer: the same name and the same module type (a ReLU
+  // named "1" is not a BatchNorm2d named "1").
+  async function sameLayerCompared(module) {
+    if (!state.compare) return false;
+    const [own, other] = await Promise.all([moduleType(state.run, module), moduleType(state.compare, module)]);
+    return own !== undefined && own === other;
   }
 
   async function renderColorDim(params, mine) {
@@ -371,7 +417,7 @@
     await Plotly.react(node, figure.data, figure.layout, PLOT_CONFIG);
     if (!node.dataset.bound) {
       node.dataset.bound = "1";
-      node.on("plotly_click", (event) => selectLayer(state.module, event.points[0].x, false));
+      node.on("plotly_click", (event) => selectLayer(state.module, event.points[0].x, false, true));
     }
     renderDistribution(params, data, mine);
   }
@@ -381,7 +427,7 @@
     let shown = null;
     try {
       const exact = await api(runPath(state.run, "distribution"), Object.assign({ step: step }, params));
-      if (exact.step !== null) shown = { step: String(exact.step), exponents: exact.exponents, fractions: exact.fractions, zeros: exact.zeros };
+      if (exact.step !== null) shown = Object.assign({}, exact, { step: String(exact.step) });
     } catch (error) {
       if (!error.missing) { showError("distribution", error); return; }
     }
@@ -390,7 +436,7 @@
     if (mine !== generation || params.module !== state.module || shown === null) return;
     const figure = figures.distribution(shown);
     await Plotly.react("distribution", figure.data, figure.layout, PLOT_CONFIG);
-    document.getElementById("distribution").dataset.step = shown.step;
+    Object.assign(document.getElementById("distribution").dataset, { step: shown.step, module: params.module });
   }
 
   // ------------------------------------------------------------------ alerts, modules
@@ -413,7 +459,7 @@
       state.tensor = tensors.includes(alert.tensor) ? alert.tensor : tensors[0];
     }
     if (alert.phase && summary.phases.includes(alert.phase)) state.phase = alert.phase;
-    selectLayer(alert.module, alert.step, true);
+    selectLayer(alert.module, alert.step, true, true);
     if (kindChanged) renderHeatmaps();
   }
 

@@ -5,6 +5,10 @@
 window.layerscope.figures = (function () {
   const { unpack, escape, layerName } = window.layerscope;
   const ALERT_COLOURS = { error: "#c0392b", warning: "#e67e22" };
+  const ZERO_COLOUR = "#e377c2";      // cells and bars of exact zeros where a log has no place
+  const NOT_DRAWN_COLOUR = "#c0392b"; // markers of values a log axis cannot draw
+  const BAR_COLOUR = "#3b7dd8";
+  const OPEN_SLOT_COLOUR = "#95a5a6"; // a linear histogram's underflow and overflow bars
 
   function markStep(step) {
     if (step === null || step === undefined) return [];
@@ -41,51 +45,166 @@ window.layerscope.figures = (function () {
     return { data, layout };
   }
 
-  // Layers (rows, escaped names) by columns of steps; magnitudes on a log10 colour scale.
-  function heatmap(answer, title, step, revision) {
+  // What a heat map colours each cell by: log10 of a magnitude (null where there is none to
+  // take, 0 among them), else the value itself.
+  function drawnValues(answer) {
     const raw = unpack(answer.values);
-    const log = answer.log_scale;
-    const z = log ? raw.map((row) => row.map((v) => (v !== null && v > 0 ? Math.log10(v) : null))) : raw;
-    const names = answer.layers.map((name) => escape(layerName(name)));
-    const columns = answer.downsampled ? ` (a column of ${answer.width} steps, ${answer.aggregate})` : "";
-    const trace = { type: "heatmap", x: answer.steps, y: names, z: z, customdata: raw, colorscale: "Viridis",
-      hovertemplate: "%{y}<br>step %{x}" + columns + "<br>" + escape(answer.stat) + " %{customdata:.4g}<extra></extra>",
-      colorbar: { title: { text: (log ? "log10 " : "") + escape(answer.stat) } }, hoverongaps: false };
-    const layout = { margin: { t: 30, r: 10, b: 40, l: 120 }, height: Math.max(320, Math.min(900, 16 * names.length + 120)),
-      uirevision: revision, title: { text: escape(title), font: { size: 13 } }, xaxis: { title: { text: "step" } },
-      yaxis: { type: "category", autorange: "reversed", automargin: true }, shapes: markStep(step) };
-    return { data: [trace], layout, names };
+    const z = answer.log_scale ? raw.map((row) => row.map((v) => (v !== null && v > 0 ? Math.log10(v) : null))) : raw;
+    return { raw, z };
   }
 
-  // One statistic of one layer over steps, beside the compared run's; its alerts marked.
+  // The smallest and largest coloured value of heat maps drawn side by side: one scale for all.
+  function sharedRange(answers) {
+    let lo = Infinity, hi = -Infinity;
+    for (const answer of answers) {
+      for (const row of drawnValues(answer).z) {
+        for (const v of row) {
+          if (v !== null && Number.isFinite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+        }
+      }
+    }
+    return lo <= hi ? [lo, hi] : null;
+  }
+
+  // Layers (rows, escaped names) by columns of steps; magnitudes on a log10 colour scale. An
+  // exact 0 of a magnitude has no log: its cells get a colour of their own, in the legend, so
+  // that only cells without a reading stay blank. ``range``: the colour scale's [min, max].
+  function heatmap(answer, title, step, revision, range) {
+    const { raw, z } = drawnValues(answer);
+    const log = answer.log_scale;
+    const names = answer.layers.map((name) => escape(layerName(name)));
+    const types = answer.layers.map((_, row) => escape((answer.types || [])[row] || "?"));
+    const text = raw.map((row, index) => row.map(() => types[index]));
+    const columns = answer.downsampled ? ` (a column of ${answer.width} steps, ${answer.aggregate})` : "";
+    const hovertemplate = "%{y} (%{text})<br>step %{x}" + columns + "<br>" + escape(answer.stat) +
+      " %{customdata:.4g}<extra></extra>";
+    const trace = { type: "heatmap", x: answer.steps, y: names, z: z, customdata: raw, text: text, colorscale: "Viridis",
+      hovertemplate: hovertemplate, colorbar: { title: { text: (log ? "log10 " : "") + escape(answer.stat) } },
+      hoverongaps: false };
+    if (range) Object.assign(trace, { zmin: range[0], zmax: range[1], zauto: false });
+    const data = [trace];
+    const zeros = log ? raw.map((row) => row.map((v) => (v !== null && v <= 0 ? 0 : null))) : null;
+    if (zeros && zeros.some((row) => row.some((v) => v !== null))) {
+      data.push({ type: "heatmap", x: answer.steps, y: names, z: zeros, customdata: raw, text: text,
+        colorscale: [[0, ZERO_COLOUR], [1, ZERO_COLOUR]], showscale: false, hovertemplate: hovertemplate,
+        hoverongaps: false, name: "0" });
+      data.push(legendSwatch(ZERO_COLOUR, "0 (no log10)"));
+    }
+    const layout = { margin: { t: 30, r: 10, b: 40, l: 120 }, height: Math.max(320, Math.min(900, 16 * names.length + 120)),
+      uirevision: revision, title: { text: escape(title), font: { size: 13 } }, xaxis: { title: { text: "step" } },
+      yaxis: { type: "category", autorange: "reversed", automargin: true }, shapes: markStep(step),
+      showlegend: data.length > 1, legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", xanchor: "left" } };
+    return { data: data, layout, names };
+  }
+
+  // A legend entry and nothing drawn: the colour of cells that a colour bar cannot show.
+  function legendSwatch(colour, name) {
+    return { type: "scatter", mode: "markers", x: [null], y: [null], name: escape(name), hoverinfo: "skip",
+             marker: { symbol: "square", size: 12, color: colour } };
+  }
+
+  // A log axis labelled at powers of ten only, over whole decades from ``lo`` to ``hi`` (> 0).
+  function decadeAxis(lo, hi) {
+    const first = Math.floor(Math.log10(lo));
+    const last = Math.max(Math.ceil(Math.log10(hi)), first + 1);
+    const tickvals = [], ticktext = [];
+    for (let power = first; power <= last; power++) {
+      tickvals.push(Math.pow(10, power));
+      ticktext.push(power >= -3 && power <= 4 ? String(Math.pow(10, power).toFixed(Math.max(0, -power))) : "1e" + power);
+    }
+    return { type: "log", range: [first, last], tickmode: "array", tickvals, ticktext,
+             minor: { ticks: "outside", ticklen: 3, dtick: "D1", showgrid: false } };
+  }
+
+  // Points of a series a log axis cannot draw (<= 0): markers on the axis' bottom edge.
+  function unloggable(steps, values, name, colour) {
+    const x = [], shown = [];
+    values.forEach((v, index) => {
+      if (v !== null && v <= 0) { x.push(steps[index]); shown.push(v); }
+    });
+    if (!x.length) return null;
+    return { x, y: x.map(() => 0), customdata: shown, yaxis: "y2", type: "scatter", mode: "markers", cliponaxis: false,
+      name: escape(name) + " ≤ 0", marker: { symbol: "triangle-up", size: 8, color: colour },
+      hovertemplate: "step %{x}<br>%{customdata:.4g}: not drawn on a log axis<extra></extra>" };
+  }
+
+  // One statistic of one layer over steps, beside the compared run's; its alerts marked. On a
+  // log axis, values <= 0 are marked at the bottom and counted in the title, not left out.
   function series(own, other, stat, alerts, options) {
     const values = unpack(own.stats[stat])[0];
+    const otherValues = other && other.stats[stat] ? unpack(other.stats[stat])[0] : null;
     const data = [{ x: own.steps, y: values, mode: "lines+markers", type: "scatter", marker: { size: 3 },
       name: escape(options.name) }];
-    if (other && other.stats[stat]) {
-      data.push({ x: other.steps, y: unpack(other.stats[stat])[0], mode: "lines", type: "scatter", line: { dash: "dot" },
+    if (otherValues) {
+      data.push({ x: other.steps, y: otherValues, mode: "lines", type: "scatter", line: { dash: "dot" },
                   name: escape(options.otherName) });
     }
-    const logged = options.logScale && values.some((v) => v !== null && v > 0);
+    const positive = values.concat(otherValues || []).filter((v) => v !== null && v > 0);
+    const logged = options.logScale && positive.length > 0;
     const how = own.downsampled ? ` (${own.aggregates[stat]} over ${own.width} steps)` : "";
+    let title = stat + how;
+    let yaxis = { type: "linear" };
+    if (logged) {
+      yaxis = decadeAxis(Math.min(...positive), Math.max(...positive));
+      const marks = [unloggable(own.steps, values, options.name, NOT_DRAWN_COLOUR),
+        otherValues ? unloggable(other.steps, otherValues, options.otherName, "#7f8c8d") : null].filter(Boolean);
+      const count = marks.reduce((sum, mark) => sum + mark.x.length, 0);
+      if (count) title += ` · ${count} value${count === 1 ? "" : "s"} ≤ 0 not drawn on log axis (▲)`;
+      data.push(...marks);
+    }
     const layout = { margin: { t: 30, r: 10, b: 40, l: 60 }, height: 300, uirevision: options.revision,
-      title: { text: escape(stat + how), font: { size: 13 } }, xaxis: { title: { text: "step" } },
-      yaxis: { type: logged ? "log" : "linear" }, shapes: markStep(options.step).concat(alertLines(alerts)),
-      showlegend: Boolean(other) };
+      title: { text: escape(title), font: { size: 13 } }, xaxis: { title: { text: "step" } },
+      yaxis, yaxis2: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
+      shapes: markStep(options.step).concat(alertLines(alerts)), showlegend: data.length > 1 };
     return { data, layout };
   }
 
-  // The "color_dim" picture: log2 magnitude slots by steps, colour log10(1 + count).
+  // A linear histogram's value axis: a few edges from lo to hi, and each open slot's band named.
+  function valueTicks(answer) {
+    const bounds = answer.bounds;
+    const edges = bounds.slice(1, -1);
+    const every = Math.max(1, Math.ceil((edges.length - 1) / 6));
+    const tickvals = [(bounds[0] + bounds[1]) / 2], ticktext = [answer.open_slots[0]];
+    for (let index = 0; index < edges.length; index += every) {
+      tickvals.push(edges[index]);
+      ticktext.push(String(Number(edges[index].toPrecision(4)) + 0));
+    }
+    tickvals.push((bounds[bounds.length - 2] + bounds[bounds.length - 1]) / 2);
+    ticktext.push(answer.open_slots[1]);
+    return { tickmode: "array", tickvals, ticktext };
+  }
+
+  // What each slot of a linear histogram holds: "< lo", "[a, b)", "≥ hi".
+  function linearSlotNames(answer) {
+    const bounds = answer.bounds;
+    return bounds.slice(0, -1).map((lower, index) => {
+      if (index === 0) return answer.open_slots[0];
+      if (index === bounds.length - 2) return answer.open_slots[1];
+      return `[${Number(lower.toPrecision(4))}, ${Number(bounds[index + 1].toPrecision(4))})`;
+    });
+  }
+
+  // The "color_dim" picture: slots by steps, colour log10(1 + count). Log2 magnitude slots, or
+  // a linear histogram's slots in value units (its open slots as bands beyond lo and hi).
   function colorDim(answer, step, revision) {
     const counts = unpack(answer.counts);
     const z = counts.map((row) => row.map((v) => (v === null ? null : Math.log10(1 + v))));
-    const trace = { type: "heatmap", x: answer.steps, y: answer.exponents, z: z, customdata: counts, colorscale: "Viridis",
-      hovertemplate: "step %{x}<br>|x| in [2^%{y}, 2^(%{y}+1))<br>count %{customdata:.4g}<extra></extra>",
-      colorbar: { title: { text: "log10(1+count)" } } };
+    const linear = answer.scale === "linear";
+    const trace = { type: "heatmap", x: answer.steps, y: linear ? answer.bounds : answer.exponents, z: z,
+      customdata: counts, colorscale: "Viridis", colorbar: { title: { text: "log10(1+count)" } },
+      hovertemplate: "step %{x}<br>|x| in [2^%{y}, 2^(%{y}+1))<br>count %{customdata:.4g}<extra></extra>" };
+    if (linear) {
+      const names = linearSlotNames(answer).map(escape);
+      trace.text = counts.map((row, index) => row.map(() => names[index]));
+      trace.hovertemplate = "step %{x}<br>value %{text}<br>count %{customdata:.4g}<extra></extra>";
+    }
     const how = answer.downsampled ? `, mean of ${answer.width} steps` : "";
+    const what = linear ? "linear value slots; NaN not counted" : "log2 |value| slots";
     const layout = { margin: { t: 30, r: 10, b: 40, l: 60 }, height: 260, uirevision: revision,
-      title: { text: "histogram over steps (log2 |value| slots" + how + ")", font: { size: 13 } },
-      xaxis: { title: { text: "step" } }, yaxis: { title: { text: "log2 |value|" } }, shapes: markStep(step) };
+      title: { text: "histogram over steps (" + what + how + ")", font: { size: 13 } },
+      xaxis: { title: { text: "step" } },
+      yaxis: Object.assign({ title: { text: linear ? "value" : "log2 |value|" } }, linear ? valueTicks(answer) : {}),
+      shapes: markStep(step) };
     return { data: [trace], layout };
   }
 
@@ -99,21 +218,46 @@ window.layerscope.figures = (function () {
     const counts = unpack(answer.counts).map((row) => row[column] || 0);
     const total = answer.totals[column] || 1;
     const first = answer.steps[column], last = answer.last_steps[column];
-    return { step: first === last ? String(first) : `${first}–${last} (mean)`, exponents: answer.exponents,
-             fractions: counts.map((v) => v / total), zeros: (answer.zeros[column] || 0) / total };
+    const shown = { step: first === last ? String(first) : `${first}–${last} (mean)`, scale: answer.scale,
+                    fractions: counts.map((v) => v / total) };
+    if (answer.scale === "linear") return Object.assign(shown, { bounds: answer.bounds, open_slots: answer.open_slots });
+    return Object.assign(shown, { exponents: answer.exponents, zeros: (answer.zeros[column] || 0) / total,
+                                  infinite: (answer.infinite[column] || 0) / total });
   }
 
-  // Fractions of the elements in each log2 magnitude slot at one step.
+  // Fractions of the elements in each slot at one step. A log2 histogram's exact zeros (and
+  // subnormals) are a bar "0" and its Inf/NaN one "Inf/NaN", beside the magnitude slots.
   function distribution(shown) {
-    const trace = { type: "bar", x: shown.exponents, y: shown.fractions, marker: { color: "#3b7dd8" },
-      hovertemplate: "|x| in [2^%{x}, 2^(%{x}+1))<br>fraction %{y:.4g}<extra></extra>" };
-    const zeros = shown.zeros ? ` · zeros ${(100 * shown.zeros).toFixed(1)}%` : "";
-    const nothing = shown.fractions.some((f) => f > 0) || shown.zeros ? "" : " · no finite value";
+    const linear = shown.scale === "linear";
+    const trace = linear ? linearBars(shown) : log2Bars(shown);
+    const nothing = shown.fractions.some((f) => f > 0) || shown.zeros || shown.infinite ? "" : " · nothing counted";
     const layout = { margin: { t: 30, r: 10, b: 40, l: 50 }, height: 300,
-      title: { text: "step " + escape(shown.step) + zeros + nothing, font: { size: 13 } },
-      xaxis: { title: { text: "log2 |value|" } }, yaxis: { title: { text: "fraction" } } };
+      title: { text: "step " + escape(shown.step) + nothing, font: { size: 13 } },
+      xaxis: linear ? Object.assign({ title: { text: "value (NaN not counted)" } }, valueTicks(shown))
+        : { title: { text: "|value| (log2 slots)" }, type: "category" },
+      yaxis: { title: { text: "fraction" } } };
     return { data: [trace], layout };
   }
 
-  return { markStep, scalars, heatmap, series, colorDim, columnDistribution, distribution };
+  function log2Bars(shown) {
+    const x = shown.exponents.map((exponent) => "2^" + exponent);
+    const text = shown.exponents.map((exponent) => `|x| in [2^${exponent}, 2^${exponent + 1})`);
+    const y = shown.fractions.slice();
+    if (shown.zeros) { x.unshift("0"); y.unshift(shown.zeros); text.unshift("zero (or subnormal)"); }
+    if (shown.infinite) { x.push("Inf/NaN"); y.push(shown.infinite); text.push("Inf or NaN"); }
+    return { type: "bar", x, y, text, textposition: "none", marker: { color: x.map((k) => ({ "0": ZERO_COLOUR, "Inf/NaN": NOT_DRAWN_COLOUR })[k] || BAR_COLOUR) },
+             hovertemplate: "%{text}<br>fraction %{y:.4g}<extra></extra>" };
+  }
+
+  function linearBars(shown) {
+    const bounds = shown.bounds;
+    const x = bounds.slice(0, -1).map((lower, index) => (lower + bounds[index + 1]) / 2);
+    const width = bounds.slice(0, -1).map((lower, index) => bounds[index + 1] - lower);
+    const open = x.map((_, index) => index === 0 || index === x.length - 1);
+    return { type: "bar", x, y: shown.fractions, width, text: linearSlotNames(shown).map(escape), textposition: "none",
+             marker: { color: open.map((edge) => (edge ? OPEN_SLOT_COLOUR : BAR_COLOUR)) },
+             hovertemplate: "value %{text}<br>fraction %{y:.4g}<extra></extra>" };
+  }
+
+  return { markStep, scalars, sharedRange, heatmap, series, colorDim, columnDistribution, distribution };
 })();

@@ -4,6 +4,7 @@
 
 window.layerscope.panels = (function () {
   const { el, layerName, number, time } = window.layerscope;
+  const ALERTS_SHOWN = 3; // alerts of each rule shown above its fold
 
   function table(id, headings, rows) {
     const head = el("tr", {}, headings.map((h) => el("th", {}, h)));
@@ -46,18 +47,20 @@ window.layerscope.panels = (function () {
         el("li", {}, el("code", {}, file), ": ", el("span", { class: "reason" }, reason))))];
   }
 
-  function seconds(value, unit) {
-    return value === null || value === undefined ? "–" : number(value) + " " + unit;
+  function seconds(value, unit, unknown) {
+    return value === null || value === undefined ? unknown : number(value) + " " + unit;
   }
 
   // layerscope's own cost, as the run recorded it; each rank's progress when there are several.
+  // While the run is written, what run.json does not carry yet is "not yet known", never 0.
   function overhead(o) {
+    const unknown = o.live ? "not yet known" : "–";
     const facts = [
-      ["training thread", seconds(o.cost_seconds, "s")],
-      ["per step", seconds(o.cost_ms_per_step, "ms")],
-      ["writer thread", seconds(o.writer_seconds, "s")],
+      ["training thread", seconds(o.cost_seconds, "s", unknown)],
+      ["per step", seconds(o.cost_ms_per_step, "ms", unknown)],
+      ["writer thread", seconds(o.writer_seconds, "s", o.live ? "not yet known (noted at close)" : "–")],
       ["steps", number(o.steps)],
-      ["statistics kernel", o.kernel || "–"],
+      ["statistics kernel", o.kernel || unknown],
       ["rows recorded", number(o.recorded_rows)],
       ["rows dropped", number(o.dropped_rows)],
       ["failures", number(o.failures)],
@@ -70,13 +73,58 @@ window.layerscope.panels = (function () {
     return [el("table", { class: "facts" }, rows), ranks.length ? el("table", { class: "facts" }, ranks) : null];
   }
 
+  // Alerts by rule and severity, in order of each one's first step: a count, where and when,
+  // the first few alerts, and the rest folded, so that a hundred alerts stay a short panel.
   function alerts(listed, onPick) {
     if (!listed.length) return el("p", { class: "note" }, "no alerts");
-    return table("alerts-table", ["step", "rule", "severity", "module", "kind", "tensor", "message"], listed.map((alert) =>
+    const groups = new Map();
+    for (const alert of listed) {
+      const key = alert.rule + "\u0000" + alert.severity;
+      if (!groups.has(key)) groups.set(key, []);
+      groups.get(key).push(alert);
+    }
+    return el("div", { id: "alert-groups" }, Array.from(groups.values(), (group) => alertGroup(group, onPick)));
+  }
+
+  function alertGroup(group, onPick) {
+    const { rule, severity } = group[0];
+    const layers = new Set(group.map((alert) => alert.module)).size;
+    const steps = group.map((alert) => alert.step);
+    const span = Math.min(...steps) === Math.max(...steps) ? "step " + steps[0] : `steps ${Math.min(...steps)}–${Math.max(...steps)}`;
+    const rest = group.slice(ALERTS_SHOWN);
+    return el("div", { class: "alert-group" },
+      el("h3", { class: "alert-summary " + (severity || "") }, el("span", { class: "rule" }, rule), " · ", severity || "–",
+        " · ", counted(group.length, "alert"), " in ", counted(layers, "layer"), ", ", span),
+      alertTable(group.slice(0, ALERTS_SHOWN), onPick),
+      rest.length ? el("details", { class: "more-alerts" }, el("summary", {}, `${counted(rest.length, "more alert")} of ${rule}`),
+        alertTable(rest, onPick)) : null);
+  }
+
+  function counted(count, noun) {
+    return number(count) + " " + noun + (count === 1 ? "" : "s");
+  }
+
+  function alertTable(listed, onPick) {
+    const head = el("tr", {}, ["step", "rule", "module", "kind", "tensor", "message"].map((h) => el("th", {}, h)));
+    return el("table", { class: "alerts-table" }, el("thead", {}, head), el("tbody", {}, listed.map((alert) =>
       el("tr", { class: "alert-row " + (alert.severity || ""), title: "show this layer at this step", onclick: () => onPick(alert) },
-        el("td", { class: "num" }, alert.step), el("td", {}, alert.rule), el("td", {}, alert.severity),
-        el("td", {}, layerName(alert.module)), el("td", {}, alert.kind), el("td", {}, alert.tensor),
-        el("td", {}, alert.message))));
+        el("td", { class: "num" }, alert.step), el("td", {}, alert.rule), el("td", {}, layerName(alert.module)), el("td", {}, alert.kind),
+        el("td", {}, alert.tensor), el("td", {}, alert.message)))));
+  }
+
+  // The layers of two compared runs that are not in both: a layer is the same one where its
+  // name and its module type both match.
+  function unmatched(own, other, ownName, otherName) {
+    const keys = (answer) => new Set(answer.layers.map((name, row) => name + "\u0000" + answer.types[row]));
+    const alone = (answer, others) => answer.layers
+      .map((name, row) => [name, answer.types[row]])
+      .filter(([name, type]) => !others.has(name + "\u0000" + type))
+      .map(([name, type]) => layerName(name) + " (" + type + ")");
+    const left = alone(own, keys(other)), right = alone(other, keys(own));
+    if (!left.length && !right.length) return [];
+    const side = (name, list) => (list.length ? [el("b", {}, name), ": " + list.join(", ") + ". "] : []);
+    return ["Not in both runs (layers matched by name and module type), not overlaid: ",
+      ...side(ownName, left), ...side(otherName, right)];
   }
 
   // The module tree: names, types, parameter shapes and counts; a watched one opens its layer.
@@ -118,9 +166,9 @@ window.layerscope.panels = (function () {
       el("section", { class: "panel" }, el("h2", {}, "Layers by steps"), el("div", { id: "heatmap-controls", class: "controls" }),
         el("div", { class: "heatmaps" }, el("div", { id: "heatmap", class: "chart tall" }),
           el("div", { id: "heatmap-compare", class: "chart tall" })),
-        el("p", { id: "heatmap-note", class: "note" })),
+        el("p", { id: "heatmap-note", class: "note" }), el("p", { id: "heatmap-unmatched", class: "note" })),
       el("section", { id: "layer-panel", class: "panel" }, el("h2", {}, "Layer ", el("span", { id: "layer-name" }, "–"),
-        " ", el("span", { id: "layer-step", class: "note" })),
+        " ", el("span", { id: "layer-type", class: "type" }), " ", el("span", { id: "layer-step", class: "note" })),
         el("div", { id: "series-controls", class: "controls" }),
         el("div", { class: "row" }, el("div", { id: "series", class: "chart wide" }), el("div", { id: "distribution", class: "chart narrow" })),
         el("div", { id: "colordim", class: "chart" })),
@@ -128,5 +176,5 @@ window.layerscope.panels = (function () {
       el("section", { class: "panel" }, el("h2", {}, "Modules"), el("div", { id: "modules" }))];
   }
 
-  return { runs, skipped, overhead, alerts, modules, runFacts, runView };
+  return { runs, skipped, overhead, alerts, unmatched, modules, runFacts, runView };
 })();
