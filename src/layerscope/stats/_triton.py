@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from layerscope._errors import LayerscopeWarning
+from layerscope.stats import _triton_modes as modes
 from layerscope.stats._histogram import HistogramSpec, LinearHistogram, Log2Histogram
 from layerscope.stats._layout import WIDTH, Field
 
@@ -37,10 +38,14 @@ INTERPRETED_PROGRAMS = 4
 CHUNK = 128  # programs' rows finish_kernel merges at once
 SLOT_CHUNK = 64  # histogram slots one finishing program sums
 
-# How finish_kernel's programs are counted: one for the partials, one per chunk of slots.
-_FLOAT_KINDS = {torch.float32: 0, torch.float16: 0, torch.float64: 1, torch.bfloat16: 5}
-_FP8_KINDS = {"float8_e4m3fn": 2, "float8_e5m2": 3}
-_INTEGER = 4
+# How the kernel reads each dtype (fp8 by name: older torch lacks some of them).
+_FLOAT_KINDS = {
+    torch.float32: modes.FLOAT,
+    torch.float16: modes.FLOAT,
+    torch.float64: modes.FLOAT64,
+    torch.bfloat16: modes.BF16,
+}
+_FP8_KINDS = {"float8_e4m3fn": modes.E4M3, "float8_e5m2": modes.E5M2}
 _INTEGER_DTYPES = {
     torch.bool,
     torch.uint8,
@@ -186,9 +191,9 @@ def _readable(x: Tensor) -> tuple[Tensor, int]:
         flat = x.detach().as_strided((x.numel(),), (1,))
     else:
         flat = x.detach().reshape(-1)  # a copy: a view that skips memory
-    if x.dtype == torch.bool or kind in (2, 3):
+    if x.dtype == torch.bool or kind in (modes.E4M3, modes.E5M2):
         flat = flat.view(torch.uint8)  # read as bits: booleans and float8
-    elif kind == 5:
+    elif kind == modes.BF16:
         flat = flat.view(torch.int16)  # bfloat16 as bits
     return flat, kind
 
@@ -207,17 +212,17 @@ def _kind(dtype: torch.dtype) -> int | None:
     if kind is not None:
         return kind
     if dtype in _INTEGER_DTYPES:
-        return _INTEGER
+        return modes.INTEGER
     return _FP8_KINDS.get(str(dtype).removeprefix("torch."))
 
 
 def _histogram_mode(histogram: HistogramSpec | None, kind: int) -> tuple[int, int]:
-    """The kernel's histogram (0 none, 1 log2, 2 linear) and its slots' power of two."""
-    if histogram is None or kind == _INTEGER:
-        return 0, 1
+    """The kernel's histogram mode and its slots' power of two."""
+    if histogram is None or kind == modes.INTEGER:
+        return modes.NO_HISTOGRAM, 1
     if isinstance(histogram, Log2Histogram):
-        return 1, histogram.slots
-    return 2, 1 << (histogram.slots - 1).bit_length()
+        return modes.LOG2, histogram.slots
+    return modes.LINEAR, 1 << (histogram.slots - 1).bit_length()
 
 
 def _parts(kernels: ModuleType, programs: int, device: torch.device) -> Tensor:

@@ -21,20 +21,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# Globals that kernels read must be constexpr; ``_triton.py`` passes their ``.value``.
+from layerscope.stats import _triton_modes as modes
 
-# How each dtype's elements are read (one compiled kernel per kind).
-FLOAT = tl.constexpr(0)  # float32 and float16: tl.load converts them exactly
-FLOAT64 = tl.constexpr(1)
-E4M3 = tl.constexpr(2)  # float8_e4m3fn, read as its bits (uint8)
-E5M2 = tl.constexpr(3)  # float8_e5m2, read as its bits: float16's top byte
-INTEGER = tl.constexpr(4)  # integers and booleans (as uint8): counts of zeros and signs only
-BF16 = tl.constexpr(5)  # bfloat16, read as its bits: float32's top half, subnormals kept
+# Globals that kernels read must be constexpr: _triton_modes' values, and the layouts.
 
-# Histograms.
-NO_HISTOGRAM = tl.constexpr(0)
-LOG2 = tl.constexpr(1)
-LINEAR = tl.constexpr(2)
+FLOAT = tl.constexpr(modes.FLOAT)
+FLOAT64 = tl.constexpr(modes.FLOAT64)
+E4M3 = tl.constexpr(modes.E4M3)
+E5M2 = tl.constexpr(modes.E5M2)
+INTEGER = tl.constexpr(modes.INTEGER)
+BF16 = tl.constexpr(modes.BF16)
+NO_HISTOGRAM = tl.constexpr(modes.NO_HISTOGRAM)
+LOG2 = tl.constexpr(modes.LOG2)
+LINEAR = tl.constexpr(modes.LINEAR)
 
 # Columns of a program's row: the partials before merging.
 PART_COUNT = tl.constexpr(0)
