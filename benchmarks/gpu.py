@@ -35,12 +35,16 @@ past its share: a full run fits a device call's limit, with fewer rounds where i
 configuration whose warm-up steps are slow (TensorBoard's histograms of 124M parameters) times
 fewer steps, at least 2, so that its block lasts about ``--block-cap`` seconds.
 
-``hooks idle`` and ``sentinel alone`` watch with ``Schedule(every=10**9)``: step 0, a warm-up
-step, is recorded and none after it, so the timed steps are a real schedule's unrecorded steps.
+``hooks idle`` and the sentinels watch with ``Schedule(every=10**9)``: step 0, a warm-up step,
+is recorded and none after it, so the timed steps are a real schedule's unrecorded steps.
+``sentinel alone`` is the gradients' sentinel (``sentinel="gradients"``, what ``every=None``
+runs between recorded steps on a GPU); ``sentinel=True`` reads every activation and output
+gradient instead.
 The row "defaults" is ``every=None`` measured over steps 2 to 2 + steps of a fresh watch: most
 of them the first 10 steps, which the default schedule records. The long run, one recorded step
 in 100, is derived: 0.99 x the unrecorded step + 0.01 x full, the unrecorded step being the
-sentinel on a GPU (where ``every=None`` runs it) and hooks idle on the CPU (where it does not).
+gradients' sentinel on a GPU (where ``every=None`` runs it) and hooks idle on the CPU (where it
+does not).
 """
 
 from __future__ import annotations
@@ -319,6 +323,7 @@ def _peer(cls: Any) -> Callable[[nn.Module, Any], Session]:
 
 UNWATCHED, SECOND_COPY = "unwatched", "unwatched B"
 IDLE, SENTINEL, FULL = "hooks idle", "sentinel alone", "full every step"
+LAYER_SENTINEL = "sentinel of every layer"
 EVERY_KIND, DEFAULTS, TEXTBOOK = "every kind", "defaults", "textbook hooks"
 TENSORBOARD = "tensorboard add_histogram"
 CONFIGS: dict[str, Callable[[nn.Module, Any], Session] | None] = {
@@ -327,7 +332,9 @@ CONFIGS: dict[str, Callable[[nn.Module, Any], Session] | None] = {
     # Step 0, a warm-up step, is recorded and no step after it: the timed steps are unrecorded
     # steps as a real schedule has them, with the first step's call-order hooks gone.
     IDLE: _layerscope(every=layerscope.Schedule(every=10**9, sentinel=False)),
-    SENTINEL: _layerscope(every=layerscope.Schedule(every=10**9, sentinel=True)),
+    # The gradients' sentinel: what the defaults run between recorded steps on a GPU.
+    SENTINEL: _layerscope(every=layerscope.Schedule(every=10**9, sentinel="gradients")),
+    LAYER_SENTINEL: _layerscope(every=layerscope.Schedule(every=10**9, sentinel=True)),
     FULL: _layerscope(every=1),
     EVERY_KIND: _layerscope(every=1, capture=[kind.value for kind in layerscope.Kind]),
     DEFAULTS: _layerscope(every=None),
@@ -337,7 +344,8 @@ CONFIGS: dict[str, Callable[[nn.Module, Any], Session] | None] = {
 LABELS = {
     SECOND_COPY: "unwatched, a second copy against the first (the noise floor: ideally 1.00x)",
     IDLE: "layerscope: hooks idle (an unrecorded step, no sentinel)",
-    SENTINEL: "layerscope: sentinel alone (an unrecorded step)",
+    SENTINEL: "layerscope: sentinel alone (an unrecorded step; the gradients' sentinel)",
+    LAYER_SENTINEL: "layerscope: sentinel=True (every activation and output gradient)",
     FULL: "layerscope: full, every step",
     EVERY_KIND: "layerscope: full, every kind (adds input, update, buffer), every step",
     DEFAULTS: "layerscope: defaults (every=None), steps 2 on: mostly the 10 dense steps",

@@ -71,7 +71,7 @@ class _CountLaunches:
 @pytest.fixture
 def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     counted: list[str] = []
-    for name in ("partials_kernel", "finish_kernel"):
+    for name in ("partials_kernel", "finish_kernel", "extremes_kernel", "extremes_finish_kernel"):
         kernel = getattr(_triton_kernels, name)
         monkeypatch.setattr(_triton_kernels, name, _CountLaunches(kernel, counted, name))
     with _triton.on_cpu():
@@ -167,3 +167,26 @@ def test_the_watched_step_trains_exactly_as_the_unwatched_one(launches):
     for a, b in zip(model.parameters(), plain.parameters(), strict=True):
         assert torch.equal(a, b)
     assert launches  # the GPU path did the reading
+
+
+def test_a_step_of_the_gradients_sentinel_costs_two_launches_per_dtype(launches):
+    model, plain, ids, (optimizer, plain_optimizer) = _twins()
+    _train(plain, plain_optimizer, ids)
+    unwatched = _step_ops(plain, plain_optimizer, ids)
+    schedule = layerscope.Schedule(every=100, sentinel="gradients")
+    with layerscope.watch(model, optimizer=optimizer, every=schedule, capture=EVERY_KIND) as scope:
+        _train(model, optimizer, ids)  # step 0: recorded
+        _train(model, optimizer, ids)  # step 1: the sentinel's first, tables built
+        launches.clear()
+        watched = _step_ops(model, optimizer, ids)
+        step_launches = list(launches)
+    frame = scope.frame()
+    sentinel = frame[frame["sentinel"] & (frame["step"] == 2)]
+    assert set(sentinel["kind"]) == {"weight_grad"}
+    assert set(sentinel["dtype"]) == {"float32", "bfloat16"}
+    # Two dtypes, two launches each, whatever the number of parameters: no module hook ran.
+    assert len(step_launches) == 4
+    assert len(sentinel) == len(list(model.parameters()))
+    own = watched - unwatched
+    launched = {op: n for op, n in own.items() if op not in _FREE}
+    assert set(launched) <= _TABLE_OPS, launched  # the new gradients' tables, no other op

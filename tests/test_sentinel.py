@@ -227,3 +227,77 @@ def test_scope_flush_writes_the_sentinel_rows_of_finished_steps(tmp_path):
     stored = layerscope.load(tmp_path / "r").stats
     assert sorted(set(stored[stored.sentinel].step)) == [1, 2]
     scope.close()
+
+
+@pytest.mark.parametrize("with_optimizer", [True, False], ids=["optimizer", "backward-end"])
+def test_the_gradients_sentinel_reads_every_parameter_gradient_between_recorded_steps(
+    with_optimizer,
+):
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    grads: dict[tuple[int, str], np.ndarray] = {}
+    steps = [0]
+
+    def keep(*_):
+        for name, param in model.named_parameters():
+            grads[(steps[-1], name)] = param.grad.detach().double().numpy().ravel()
+
+    optimizer.register_step_pre_hook(keep)
+    schedule = Schedule(every=4, sentinel="gradients")
+    options = {"optimizer": optimizer} if with_optimizer else {}
+    with layerscope.watch(model, every=schedule, **options) as scope:
+        for step in range(7):
+            steps.append(step)
+            model(torch.randn(5, 6)).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if not with_optimizer:
+                scope.step()
+    frame = scope.frame()
+    sentinel = frame[frame.sentinel]
+    assert set(sentinel.kind) == {"weight_grad"}  # no module hook fed it
+    assert sorted(set(sentinel.step)) == [1, 2, 3, 5, 6]
+    assert len(sentinel) == 5 * 4  # two Linear layers' weight and bias, each step
+    for row in sentinel.itertuples():
+        values = grads[(row.step, f"{row.module}.{row.tensor}")]
+        assert (row.min, row.max, row.numel) == (values.min(), values.max(), values.size)
+        assert row.absmax == np.abs(values).max()
+
+
+def test_the_gradients_sentinel_finds_the_step_of_a_nan_and_says_what_it_cannot_see():
+    poison = Poisoned(math.nan, at=5)
+    model = _model(poison)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with layerscope.watch(
+        model, optimizer=optimizer, every=Schedule(every=4, sentinel="gradients")
+    ) as scope:
+        for step in range(7):
+            poison.step = step
+            model(torch.randn(5, 6)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    alerts = scope.frame("alerts").query("rule == 'nonfinite'")
+    assert alerts.step.tolist() == [5]
+    message = alerts.message.iloc[0]
+    assert "at step 5" in message
+    assert "does not see" in message
+    assert "Schedule(sentinel=True)" in message
+
+
+@pytest.mark.parametrize("on_accelerator", [True, False])
+def test_the_default_watches_the_gradients_on_an_accelerator_only(on_accelerator):
+    from layerscope._steps import StepClock
+
+    clock = StepClock(Schedule(every=5), True, lambda: on_accelerator, has_gradient_sentinel=True)
+    clock.end_step()  # step 1: not recorded
+    assert clock.watching_gradients == on_accelerator
+    assert not clock.watching  # the per-layer sentinel only where asked for: sentinel=True
+    clock.end_step(), clock.end_step(), clock.end_step()  # step 4; step 5 records
+    clock.end_step()
+    assert clock.step_records
+    assert not clock.watching_gradients
+
+
+def test_a_schedule_names_the_sentinels_it_takes():
+    with pytest.raises(TypeError, match="'gradients', True or False, got 'layers'"):
+        Schedule(sentinel="layers")

@@ -3,8 +3,9 @@
 Each row holds the partials of one recorded tensor followed by its histogram: float64 keeps
 the histogram counts exact (below 2**53) and lets partials and histogram share one buffer. Loose
 values (custom statistics, scalar tensors) gather in a list beside it, and so do the sentinel's
-extremes, one (min, max) pair of 0-d tensors per tensor watched (on the CPU the C kernel writes
-each pair into a matrix of its own). A flush concatenates all of it into one payload and
+extremes: one (min, max) pair per tensor watched, as 0-d tensors from ``aminmax`` or as blocks
+of pairs that one launch wrote for a group of tensors (on the CPU the C kernel writes each
+pair into a matrix of its own). A flush concatenates all of it into one payload and
 copies it to the host in one transfer: non-blocking into pinned memory on CUDA, with an event
 to wait on before the host reads it.
 """
@@ -18,7 +19,7 @@ import torch
 from torch import Tensor
 
 from layerscope.stats._layout import WIDTH, Field
-from layerscope.stats._partials import write_extremes
+from layerscope.stats._partials import write_extremes, write_group_extremes
 
 
 @dataclass(slots=True)
@@ -65,9 +66,11 @@ class DeviceRows:
         self._size = 0
         self._values: list[Tensor] = []
         self._values_size = 0
-        self._extremes: list[Tensor] = []
-        # On the CPU the sentinel's pairs are written in place (see add_extremes).
+        # On the CPU the sentinel's pairs are written in place (see add_extremes); elsewhere
+        # they are 0-d minima and maxima since the last block, and blocks of pairs.
         self._pairs = torch.empty(0, 2, dtype=torch.float64) if device.type == "cpu" else None
+        self._extremes: list[Tensor] = []
+        self._blocks: list[Tensor] = []
         self._pair_count = 0
 
     def __len__(self) -> int:
@@ -75,9 +78,7 @@ class DeviceRows:
 
     def has_content(self) -> bool:
         """Whether anything waits to be taken."""
-        return (
-            self._size > 0 or self._values_size > 0 or bool(self._extremes) or self._pair_count > 0
-        )
+        return self._size > 0 or self._values_size > 0 or self._pair_count > 0
 
     @property
     def data(self) -> Tensor:
@@ -114,19 +115,58 @@ class DeviceRows:
         On the CPU they are written in place (by the C kernel where it reads the dtype);
         elsewhere one ``aminmax`` gives 0-d results, stacked at the flush in one operation.
         """
-        pairs = self._pairs
-        if pairs is None:
+        index = self._pair_count
+        if self._pairs is None:
             with torch.no_grad():
                 low, high = torch.aminmax(tensor.detach())
             self._extremes += (low, high)
-            return len(self._extremes) // 2 - 1
-        if self._pair_count == pairs.shape[0]:
-            grown = pairs.new_empty(max(64, 2 * self._pair_count), 2)
-            grown[: self._pair_count] = pairs
-            self._pairs = pairs = grown
-        write_extremes(tensor, pairs, self._pair_count)
+        else:
+            write_extremes(tensor, self._room_for_pairs(1), index)
         self._pair_count += 1
-        return self._pair_count - 1
+        return index
+
+    def add_group_extremes(self, tensors: list[Tensor]) -> int:
+        """Keep the (min, max) of each of ``tensors``; return the first one's index.
+
+        The tensors are floating and not empty; on a GPU one launch pair reads a group of one
+        dtype.
+        """
+        index = self._pair_count
+        if self._pairs is None:
+            self._close_run()
+            block = torch.empty(len(tensors), 2, dtype=torch.float64, device=self.device)
+            self._blocks.append(block)
+        else:
+            block = self._room_for_pairs(len(tensors))[index : index + len(tensors)]
+        write_group_extremes(tensors, block)
+        self._pair_count += len(tensors)
+        return index
+
+    def _room_for_pairs(self, count: int) -> Tensor:
+        """The CPU's pair matrix, grown to hold ``count`` more pairs."""
+        pairs = self._pairs
+        assert pairs is not None
+        needed = self._pair_count + count
+        if needed > pairs.shape[0]:
+            grown = pairs.new_empty(max(64, 2 * pairs.shape[0], needed), 2)
+            grown[: self._pair_count] = pairs[: self._pair_count]
+            self._pairs = pairs = grown
+        return pairs
+
+    def _close_run(self) -> None:
+        """Stack the 0-d extremes since the last block into a block (off the CPU)."""
+        if self._extremes:  # one stack for all; it promotes bf16 and fp16 to fp32
+            self._blocks.append(torch.stack(self._extremes).to(torch.float64).view(-1, 2))
+            self._extremes = []
+
+    def _all_pairs(self) -> Tensor:
+        """Every pair kept since the last take, ``(pairs, 2)`` float64, in index order."""
+        if self._pairs is not None:
+            return self._pairs[: self._pair_count]
+        self._close_run()
+        if not self._blocks:
+            return torch.empty(0, 2, dtype=torch.float64, device=self.device)
+        return self._blocks[0] if len(self._blocks) == 1 else torch.cat(self._blocks)
 
     def nonfinite_rows(self, rows: Tensor) -> Tensor:
         """Whether each of ``rows`` (indices) counted a NaN or an Inf: a bool device tensor."""
@@ -135,10 +175,7 @@ class DeviceRows:
 
     def nonfinite_pairs(self, pairs: Tensor) -> Tensor:
         """Whether each of ``pairs`` (indices) is not finite: NaN or Inf in its tensor."""
-        if self._pairs is not None:
-            chosen = self._pairs[pairs]
-        else:
-            chosen = torch.stack(self._extremes).view(-1, 2)[pairs.to(self.device)]
+        chosen = self._all_pairs()[pairs.to(self.device)]
         return ~torch.isfinite(chosen).all(dim=1)
 
     def take(self) -> HostCopy:
@@ -148,17 +185,14 @@ class DeviceRows:
         copy, so it cannot change what the copy reads.
         """
         parts = [self._data[: self._size].reshape(-1), *self._values]
-        if self._extremes:  # one stack for all pairs; it promotes bf16 and fp16 to fp32
-            parts.append(torch.stack(self._extremes).to(torch.float64))
         if self._pair_count:
-            assert self._pairs is not None
-            parts.append(self._pairs[: self._pair_count].reshape(-1))
+            parts.append(self._all_pairs().reshape(-1))
         payload = torch.cat(parts)  # a copy: the buffers are reused at once
-        rows, extremes = self._size, len(self._extremes) // 2 + self._pair_count
+        rows, extremes = self._size, self._pair_count
         self._size = 0
         self._values = []
         self._values_size = 0
-        self._extremes = []
+        self._blocks = []
         self._pair_count = 0
         if self.device.type != "cuda":
             # A fresh tensor, so the writer thread can copy it later, off the training thread.

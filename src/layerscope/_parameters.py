@@ -180,8 +180,18 @@ class ParameterReads:
 
     def read(self, kind: Kind, positions: Sequence[int] | None = None) -> None:
         """Record ``kind`` (weights, their gradients or buffers) of the watched modules."""
-        if kind not in self._kinds:
-            return
+        if kind in self._kinds:
+            # Read together: on a GPU one launch pair per dtype, not one per tensor.
+            entries = self._entries(kind, positions)
+            self._recorder.record_group(self._clock.step, kind, TRAIN, entries)
+
+    def watch_grads(self, positions: Sequence[int] | None = None) -> None:
+        """The gradients' sentinel: the extremes of the parameters' gradients, read together."""
+        entries = self._entries(Kind.WEIGHT_GRAD, positions)
+        self._recorder.record_group_extremes(self._clock.step, Kind.WEIGHT_GRAD, TRAIN, entries)
+
+    def _entries(self, kind: Kind, positions: Sequence[int] | None) -> list[GroupEntry]:
+        """What there is to read of ``kind`` (of the parameters at ``positions``, or all)."""
         owned = self._buffers if kind is Kind.BUFFER else self._params
         chosen = owned if positions is None else [owned[i] for i in positions]
         entries = []
@@ -189,8 +199,7 @@ class ParameterReads:
             value = tensor.grad if kind is Kind.WEIGHT_GRAD else tensor
             if value is not None:
                 entries.append(_entry(owners, value))
-        # Read together: on a GPU one launch pair per dtype, not one per tensor.
-        self._recorder.record_group(self._clock.step, kind, TRAIN, entries)
+        return entries
 
     # ---------------------------------------------------------------- hooks
 
@@ -207,7 +216,9 @@ class ParameterReads:
             self._on_grad_accumulated(param)
 
     def _on_grad_accumulated(self, param: Tensor) -> None:
-        if self._clock.step_records and not self._grad_read_queued and len(self._handles):
+        clock = self._clock
+        read = clock.step_records or clock.watching_gradients
+        if read and not self._grad_read_queued and len(self._handles):
             self._grad_read_queued = True
             queue_at_backward_end(self._on_backward_end)
 
@@ -221,7 +232,10 @@ class ParameterReads:
         self._grad_read_queued = False
         # Each backward pass overwrites the last: after the final micro-batch, the reading is
         # of the accumulated gradient.
-        self._meter.timed(self.read, Kind.WEIGHT_GRAD)
+        if self._clock.step_records:
+            self._meter.timed(self.read, Kind.WEIGHT_GRAD)
+        else:
+            self._meter.timed(self.watch_grads)
 
     def _before_step(
         self, index: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
@@ -229,27 +243,32 @@ class ParameterReads:
         if not len(self._handles):
             return None
         self.optimizer_stepping = True
-        if not self._clock.step_records:
+        records = self._clock.step_records
+        if not (records or self._clock.watching_gradients):
             return None
         positions = self._positions[index] = owned_by(
             self._optimizers, index, [param for param, _ in self._params]
         )
         # args[0] is the optimizer itself; the closure follows it or comes by keyword.
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-        self._meter.timed(self._snapshot, index)
+        if records:
+            self._meter.timed(self._snapshot, index)
+            read = partial(self.read, Kind.WEIGHT_GRAD, positions)
+        else:  # the gradients' sentinel
+            read = partial(self.watch_grads, positions)
         if closure is None:
-            if self._fp16_pass:
+            if records and self._fp16_pass:
                 # GradScaler unscaled the gradients read at backward in place, and torch's op
                 # leaves their version as it was: bump it, or that scaled reading is reused.
                 grads = [self._params[i][0].grad for i in positions]
                 torch.autograd.graph.increment_version([g for g in grads if g is not None])
-            self._meter.timed(self.read, Kind.WEIGHT_GRAD, positions)
+            self._meter.timed(read)
             return None
 
         # The closure computes the gradients (LBFGS, Lightning): read them when it returns.
         def closure_then_read() -> Any:
             loss = closure()
-            self._meter.timed(self.read, Kind.WEIGHT_GRAD, positions)
+            self._meter.timed(read)
             return loss
 
         if "closure" in kwargs:

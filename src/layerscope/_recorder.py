@@ -251,6 +251,43 @@ class Recorder:
         if len(self.extremes) >= self.rows_per_flush:  # very many forwards in one step
             self.flush(final=False)
 
+    def record_group_extremes(
+        self, step: int, kind: Kind, phase: str, entries: Sequence[GroupEntry]
+    ) -> None:
+        """The sentinel over tensors read together (the parameters' gradients).
+
+        ``record_extremes`` of each, with one launch pair per device and dtype where the GPU
+        kernels read them.
+        """
+        groups: dict[tuple[torch.device, torch.dtype], list[tuple[GroupEntry, Tensor]]] = {}
+        for entry in entries:
+            try:
+                tensor, shard = entry.tensor, entry.shard
+                if type(tensor) is not Tensor:
+                    tensor, shard = _local(tensor, shard)
+                if tensor.is_nested or not group_reads(tensor):
+                    self.record_extremes(step, entry.target, kind, entry.name, 0, phase, tensor)
+                elif tensor.is_floating_point() and tensor.numel():
+                    _check_strided(tensor)
+                    local = GroupEntry(entry.target, entry.name, tensor, entry.also_owned_by, shard)
+                    groups.setdefault((tensor.device, tensor.dtype), []).append((local, tensor))
+            except Exception as error:
+                self._fail(f"watching {kind.value} {entry.name!r} of {entry.target.name!r}", error)
+        for (device, _), members in groups.items():
+            try:
+                buffer_id, rows = self._rows_on(device)
+                first = rows.add_group_extremes([tensor for _, tensor in members])
+            except Exception as error:
+                self._fail(f"watching {kind.value} of {len(members)} tensors", error)
+                continue
+            for offset, (entry, tensor) in enumerate(members):
+                code = self._identity_code(entry.target, kind, entry.name, 0, phase)
+                form = self._form_code(tensor, entry.shard)
+                pair = first + offset
+                self.extremes.append(Extreme(step, code, form, buffer_id, pair, tensor.numel()))
+        if len(self.extremes) >= self.rows_per_flush:
+            self.flush(final=False)
+
     def _identity_code(self, target: Target, kind: Kind, name: str, call: int, phase: str) -> int:
         # A plain tuple's lookup is 5x faster than making and hashing an Identity; a target's
         # name is unique in a scope, so it stands for its type.

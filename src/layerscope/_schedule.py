@@ -3,27 +3,39 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """Steps that are recorded: the first ``dense`` steps from ``start``, then every ``every``.
 
-    Every other step before ``stop`` can get the sentinel: the minimum and maximum of each
-    watched activation and gradient, one reduction per tensor, so that a NaN, an Inf or a
-    spike between recorded steps is seen at the step and layer where it happened. On a GPU
-    that is a few microseconds of kernel launches a step; on a CPU it is a pass over every
-    activation and gradient, 5% to 15% of a step in BENCHMARKS.md. So by default
-    (``sentinel=None``) it runs where the model's parameters are on an accelerator, not on
-    the CPU; ``True`` and ``False`` turn it on and off everywhere.
+    Every other step before ``stop`` can get a sentinel, of one of two kinds:
+
+    - ``"gradients"``: the minimum and maximum of each watched parameter's gradient, read
+      where the weight gradients are read (before the optimizer's step, or when backward
+      ends), all of a dtype at once: on a GPU two kernel launches a step, and no module
+      hook. It gives the step of the first NaN or Inf that reaches a gradient (one in the
+      forward pass reaches every gradient upstream of the loss), and the layers whose
+      gradients hold it; it does not see the forward pass, so it cannot say which layer a
+      forward NaN came from.
+    - ``True``: the minimum and maximum of each watched activation and output gradient, one
+      reduction per tensor in the module's hooks, so that a NaN, an Inf or a spike between
+      recorded steps is seen at the step and layer where it happened. It costs a hook call
+      and a reduction per tensor: on a CPU a pass over every activation and gradient, 5% to
+      15% of a step in BENCHMARKS.md.
+
+    By default (``sentinel=None``) the gradients' sentinel runs where the model's parameters
+    are on an accelerator, and none on the CPU; ``False`` turns both off.
 
     Args:
         every: record one step in ``every`` (counted from ``start``).
         start: first step that may be recorded.
         stop: first step that is no longer recorded nor watched; None goes on to the end.
         dense: record every step of the first ``dense`` steps from ``start``, then go sparse.
-        sentinel: watch the steps that are not recorded with the sentinel: None for on an
-            accelerator only, True, or False.
+        sentinel: how the steps that are not recorded are watched: None (the gradients'
+            sentinel on an accelerator, none on the CPU), ``"gradients"``, True (every
+            watched activation and output gradient) or False (not at all).
 
     Examples:
         >>> schedule = Schedule(every=10, dense=3)
@@ -31,18 +43,23 @@ class Schedule:
         [0, 1, 2, 10, 20]
         >>> Schedule(every=10, sentinel=True).sentinel_at(4), schedule.sentinel_at(10)
         (True, False)
+        >>> schedule.gradient_sentinel_at(4, on_accelerator=True), schedule.sentinel_at(4, True)
+        (True, False)
     """
 
     every: int = 1
     start: int = 0
     stop: int | None = None
     dense: int = 0
-    sentinel: bool | None = None
+    sentinel: bool | Literal["gradients"] | None = None
 
     def __post_init__(self) -> None:
-        if self.sentinel is not None and not isinstance(self.sentinel, bool):
+        if not (self.sentinel is None or isinstance(self.sentinel, bool)) and (
+            self.sentinel != "gradients"
+        ):
             raise TypeError(
-                f"Schedule: sentinel must be None, True or False, got {self.sentinel!r}"
+                "Schedule: sentinel must be None, 'gradients', True or False, got "
+                f"{self.sentinel!r}"
             )
         for name in ("every", "start", "dense"):
             value = getattr(self, name)
@@ -69,13 +86,23 @@ class Schedule:
         return since_start < self.dense or since_start % self.every == 0
 
     def sentinel_at(self, step: int, on_accelerator: bool = False) -> bool:
-        """Whether ``step`` gets the sentinel: every step before ``stop`` not recorded."""
-        wanted = on_accelerator if self.sentinel is None else self.sentinel
-        if not wanted or (self.stop is not None and step >= self.stop):
-            return False
-        return not self.records(step)
+        """Whether ``step`` gets the sentinel of every activation and output gradient.
 
-    def to_dict(self) -> dict[str, int | bool | None]:
+        Only ``sentinel=True`` asks for it, wherever the model is: ``on_accelerator`` is kept
+        for callers of the time when the default ran it on accelerators.
+        """
+        return self.sentinel is True and self._unrecorded(step)
+
+    def gradient_sentinel_at(self, step: int, on_accelerator: bool = False) -> bool:
+        """Whether ``step`` gets the sentinel of the parameters' gradients."""
+        wanted = self.sentinel == "gradients" or (self.sentinel is None and on_accelerator)
+        return wanted and self._unrecorded(step)
+
+    def _unrecorded(self, step: int) -> bool:
+        """Whether ``step`` comes before ``stop`` and is not recorded."""
+        return (self.stop is None or step < self.stop) and not self.records(step)
+
+    def to_dict(self) -> dict[str, int | bool | str | None]:
         """JSON-ready form, saved with the run."""
         return {
             "every": self.every,
@@ -88,8 +115,8 @@ class Schedule:
 
 #: What ``every=None`` means: every step of the first 10, where most training pathologies
 #: show, then one step in 100. On a 2-core CPU full statistics of every kind cost 1.2x to 1.5x
-#: a step (BENCHMARKS.md); one step in 100 spreads that to at most 1.005x. The sentinel watches
-#: the steps between where the model is on an accelerator.
+#: a step (BENCHMARKS.md); one step in 100 spreads that to at most 1.005x. The gradients'
+#: sentinel watches the steps between where the model is on an accelerator.
 DEFAULT_SCHEDULE = Schedule(every=100, dense=10)
 
 

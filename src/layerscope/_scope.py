@@ -84,11 +84,16 @@ class Scope:
         self._place = ProcessRank()  # the rank is asked for when first needed
         self._failures = FailureCounter()
         self._meter = CostMeter()
-        # The sentinel watches activations and output gradients on the steps not recorded.
+        # The sentinels watch activations and output gradients, or the parameters' gradients,
+        # on the steps not recorded.
         sentinel = bool(config.kinds & {Kind.ACTIVATION, Kind.GRAD})
         self._stops = config.alerts.raise_on_nonfinite
         self._clock = StepClock(
-            stop_schedule(config), sentinel, self._on_accelerator, config.start_step
+            stop_schedule(config),
+            sentinel,
+            self._on_accelerator,
+            config.start_step,
+            has_gradient_sentinel=Kind.WEIGHT_GRAD in config.kinds,
         )
         self._closed = False
         self._identities = Identities()

@@ -29,6 +29,7 @@ class StepClock:
 
     ``recording`` and ``watching`` are plain bools because compiled models guard on them;
     they change only where a step ends or a pass begins, never inside a pass.
+    ``watching_gradients`` says that the step in progress gets the gradients' sentinel.
     """
 
     def __init__(
@@ -37,15 +38,18 @@ class StepClock:
         has_sentinel: bool,
         on_accelerator: Callable[[], bool],
         first_step: int = 0,
+        has_gradient_sentinel: bool = False,
     ) -> None:
         self._schedule = schedule
         self._has_sentinel = has_sentinel
+        self._has_gradient_sentinel = has_gradient_sentinel
         self._on_accelerator = on_accelerator
         self.step = first_step  # the training step in progress
         self.pass_step = 0  # the step the pass in progress records under
         self.training = True  # the pass in progress is a training pass
         self.recording = False  # the hooks record now
         self.watching = False  # the hooks feed the sentinel now
+        self.watching_gradients = False  # the step's gradients feed the sentinel
         self.step_records = False  # the step in progress records
         self.ended: int | None = None  # the last step that ended
         self.trained = False  # a training pass began in the step in progress
@@ -108,17 +112,20 @@ class StepClock:
         # this step, or an evaluation of the step that just ended.
         self.recording = self.step_records or after_records
         self.watching = self._watches(self.step)
+        self.watching_gradients = self._has_gradient_sentinel and (
+            self._schedule.gradient_sentinel_at(self.step, self._accelerated())
+        )
 
     def records(self, step: int) -> bool:
         """Whether ``step`` records (full statistics)."""
         return bool(self._schedule.records(step))
 
     def _watches(self, step: int) -> bool:
-        if not self._has_sentinel:
-            return False
+        return self._has_sentinel and self._schedule.sentinel_at(step)
+
+    def _accelerated(self) -> bool:
         # Where the model lives is asked only when the schedule leaves it to that.
-        on_accelerator = self._schedule.sentinel is None and self._on_accelerator()
-        return self._schedule.sentinel_at(step, on_accelerator)
+        return self._schedule.sentinel is None and self._on_accelerator()
 
 
 class MicroBatchScalars:

@@ -53,8 +53,8 @@ def watch(
             ``layerscope.store.ParquetStore`` for its flush settings; None keeps the run in
             memory. An existing run is never overwritten: that raises FileExistsError.
         every: which steps get full statistics: an int N (every N-th step), a ``Schedule``, or
-            None for the default ``Schedule(every=100, dense=10)``, with the sentinel
-            between recorded steps where the model is on an accelerator.
+            None for the default ``Schedule(every=100, dense=10)``, with the gradients'
+            sentinel between recorded steps where the model is on an accelerator.
         capture: kinds to record: ``activation``, ``grad``, ``weight``, ``weight_grad`` by
             default; also ``input``, ``update`` (needs ``optimizer``) and ``buffer``.
         include: regex (or list of them) searched in qualified module names; a pattern that

@@ -171,3 +171,20 @@ def test_input_is_left_as_it_was() -> None:
     before = x.clone()
     _row_of(x, LINEAR)
     assert torch.equal(x.view(torch.int16), before.view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", FLOATS + FP8)
+def test_group_extremes_are_aminmax_with_nan_winning(dtype: torch.dtype) -> None:
+    tensors = [_values(n, dtype, seed=n) for n in (1001, 1, 65, 7, 300)]
+    tensors[1] = torch.tensor([-math.inf]).to(dtype)  # an infinity is its own extreme
+    no_nan = tensors[3].double()
+    tensors[3] = no_nan.masked_fill(no_nan.isnan(), 0.0).to(dtype)  # a tensor without NaN
+    pairs = torch.full((len(tensors), 2), -7.0, dtype=torch.float64, device=DEVICE)
+    with _forced():
+        _triton.group_extremes_into([x.to(DEVICE) for x in tensors], pairs)
+    for got, x in zip(pairs.cpu().tolist(), tensors, strict=True):
+        values = x.double()
+        if values.isnan().any():
+            assert all(math.isnan(v) for v in got)
+        else:
+            assert got == [values.min().item(), values.max().item()]

@@ -22,7 +22,9 @@ class NonFinite:
     the outputs before it, were finite); where the forward pass was clean, the first gradient
     in backward order that is non-finite: the backward of the module after it made it. A step
     with no non-finite value ends the episode. Where steps went unseen before the first bad
-    one (no sentinel), the alert says between which steps it happened. A step whose optimizer
+    one (no sentinel), the alert says between which steps it happened. Where only the
+    parameters' gradients were watched (the gradients' sentinel), the alert says so, with the
+    last layer in forward order whose gradient is non-finite. A step whose optimizer
     step was skipped (marked ``skipped``: GradScaler found an Inf in the gradients) with only
     its gradients non-finite is GradScaler at work, not a fault: no alert.
     """
@@ -93,6 +95,14 @@ class NonFinite:
                 return first, (
                     f"the forward pass was finite; the gradient of {self._named(first.module)}'s "
                     f"output is the first non-finite one in backward order{source}"
+                )
+            if not any(r.kind in _FORWARD for r in view.readings):  # the gradients' sentinel
+                return first, (
+                    f"the gradients of {len(backward)} watched parameters are non-finite, the "
+                    f"last in forward order {self._named(first.module)}'s {first.tensor} (a "
+                    "value born in the backward pass came from there or the layer after it; "
+                    "one born in the forward pass, which this step's sentinel does not see, "
+                    "reaches every gradient: Schedule(sentinel=True) names its layer)"
                 )
             return first, (
                 f"the forward pass was finite; the gradient of {self._named(first.module)}'s "

@@ -123,6 +123,23 @@ def write_group_partials(
         write_partials(tensor, histogram, rows, first + offset)
 
 
+def write_group_extremes(tensors: list[Tensor], pairs: Tensor) -> None:
+    """Write the (min, max) of each of ``tensors`` into ``pairs[i]``, as ``write_extremes``.
+
+    Where the Triton kernels read them (on a GPU: tensors of one device and dtype), one
+    launch pair reads them all; elsewhere each tensor is read on its own.
+    """
+    if tensors and _triton.reads(tensors[0]):
+        try:
+            with torch.no_grad():
+                _triton.group_extremes_into(tensors, pairs)
+            return
+        except Exception as error:  # a kernel that does not compile here: torch's from now on
+            _triton.disable(error)
+    for index, tensor in enumerate(tensors):
+        write_extremes(tensor, pairs, index)
+
+
 def group_reads(x: Tensor) -> bool:
     """Whether ``write_group_partials`` reads ``x`` with others of its device and dtype at once."""
     return _triton.reads(x)

@@ -22,6 +22,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from types import ModuleType
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -117,28 +118,65 @@ def group_partials_into(
 ) -> None:
     """Write the partials of each of ``tensors`` into ``rows[first + i]``: two launches.
 
-    The tensors share a device and a dtype that ``reads``, and each is contiguous.
+    The tensors share a device and a dtype that ``reads``.
     """
     kernels = _kernels()
     assert kernels is not None
+    group = _group(tensors)
+    device = tensors[0].device
+    hist, slots_pow2 = _histogram_mode(histogram, group.kind)
+    parts = _parts(kernels, group.programs, device)
+    hists = _hists(group.programs, slots_pow2, hist, parts)
+    if group.programs:
+        kernels.partials_kernel[(group.programs,)](
+            group.flats[0], 0, group.offsets, group.sizes, group.program_table, parts, hists,
+            _linear(histogram, device, parts),
+            KIND=group.kind, HISTOGRAM=hist, SLOTS_POW2=slots_pow2, GROUP=True, BLOCK=group.block,
+        )  # fmt: skip
+    _finish(kernels, rows, first, len(tensors), 0, 0, (group.sizes, group.firsts), parts, hists,
+            hist, slots_pow2)  # fmt: skip
+
+
+def group_extremes_into(tensors: Sequence[Tensor], pairs: Tensor) -> None:
+    """Write the (min, max) of each of ``tensors`` into ``pairs[i]``: two launches.
+
+    As ``torch.aminmax``: over every element, Inf included, both NaN where one is NaN. The
+    tensors are floating, not empty, and share a device and a dtype that ``reads``;
+    ``pairs`` is a contiguous ``(len(tensors), 2)`` float64 matrix on their device.
+    """
+    kernels = _kernels()
+    assert kernels is not None
+    group = _group(tensors)
+    parts = torch.empty(group.programs, 3, dtype=torch.float64, device=pairs.device)
+    kernels.extremes_kernel[(group.programs,)](
+        group.flats[0], group.offsets, group.sizes, group.program_table, parts,
+        KIND=group.kind, BLOCK=group.block,
+    )  # fmt: skip
+    kernels.extremes_finish_kernel[(len(tensors),)](group.firsts, parts, pairs, CHUNK=CHUNK)
+
+
+class _Group(NamedTuple):
+    """A group's tensors as the kernels read them, and its table's parts on their device."""
+
+    flats: tuple[Tensor, ...]
+    kind: int
+    block: int
+    offsets: Tensor  # each tensor's offset in elements from the first
+    sizes: Tensor  # each tensor's numel
+    firsts: Tensor  # each tensor's first program, and one more entry: the programs in all
+    program_table: Tensor  # per program: its tensor, that tensor's first program, its programs
+    programs: int
+
+
+def _group(tensors: Sequence[Tensor]) -> _Group:
     device = tensors[0].device
     flats, kinds = zip(*(_readable(t) for t in tensors), strict=True)
-    kind = kinds[0]
     block, most = _sizes(device)
     table, programs = _group_table(flats, block, most, device)
     count = len(flats)
-    hist, slots_pow2 = _histogram_mode(histogram, kind)
-    parts = _parts(kernels, programs, device)
-    hists = _hists(programs, slots_pow2, hist, parts)
     offsets, sizes = table[:count], table[count : 2 * count]
     firsts, program_table = table[2 * count : 3 * count + 1], table[3 * count + 1 :]
-    if programs:
-        kernels.partials_kernel[(programs,)](
-            flats[0], 0, offsets, sizes, program_table, parts, hists,
-            _linear(histogram, device, parts),
-            KIND=kind, HISTOGRAM=hist, SLOTS_POW2=slots_pow2, GROUP=True, BLOCK=block,
-        )  # fmt: skip
-    _finish(kernels, rows, first, count, 0, 0, (sizes, firsts), parts, hists, hist, slots_pow2)
+    return _Group(flats, kinds[0], block, offsets, sizes, firsts, program_table, programs)
 
 
 def disable(error: BaseException) -> None:

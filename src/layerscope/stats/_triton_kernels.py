@@ -331,3 +331,65 @@ def finish_kernel(
             inside = (program < last)[:, None] & (slot < SLOTS_POW2)[None, :]
             total += tl.sum(tl.load(at, mask=inside, other=0).to(tl.int64), 0)
         tl.store(row + ROW_WIDTH + slot, total.to(tl.float64), mask=slot < slots)
+
+
+@triton.jit
+def extremes_kernel(
+    src,  # the group's first tensor
+    offsets,  # int64 per tensor: its elements' offset from src
+    sizes,  # int64 per tensor: its numel
+    programs,  # int64 per program: (tensor, first program of that tensor, its programs)
+    parts,  # float64 (programs, 3): lowest and highest value that is not NaN, NaN count
+    KIND: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The sentinel's reading of a group of floating tensors: each program's extremes."""
+    pid = tl.program_id(0)
+    tensor = tl.load(programs + 3 * pid)
+    first = tl.load(programs + 3 * pid + 1)
+    own = tl.load(programs + 3 * pid + 2)
+    base = src + tl.load(offsets + tensor)
+    n = tl.load(sizes + tensor)
+    low = tl.full((), float("inf"), tl.float64)
+    high = tl.full((), float("-inf"), tl.float64)
+    nans = tl.zeros((), tl.int64)
+    lanes = tl.arange(0, BLOCK)
+    for start in tl.range((pid - first).to(tl.int64) * BLOCK, n, own.to(tl.int64) * BLOCK):
+        index = start + lanes
+        inside = index < n
+        x = _decode(tl.load(base + index, mask=inside, other=0), KIND)
+        number = inside & (x == x)  # Inf included: it is the extreme it is
+        nans += tl.sum((inside & (x != x)).to(tl.int32), 0)
+        low = tl.minimum(low, tl.min(tl.where(number, x, float("inf")), 0).to(tl.float64))
+        high = tl.maximum(high, tl.max(tl.where(number, x, float("-inf")), 0).to(tl.float64))
+    row = parts + pid.to(tl.int64) * 3
+    tl.store(row, low)
+    tl.store(row + 1, high)
+    tl.store(row + 2, nans.to(tl.float64))
+
+
+@triton.jit
+def extremes_finish_kernel(
+    firsts,  # int64 per tensor: its first program; one more entry: the programs in all
+    parts,
+    pairs,  # float64 (tensors, 2) from the first tensor's pair: minimum and maximum
+    CHUNK: tl.constexpr,
+):
+    """Each tensor's (min, max) from its programs' extremes; both NaN where it holds a NaN."""
+    tensor = tl.program_id(0)
+    first = tl.load(firsts + tensor)
+    last = tl.load(firsts + tensor + 1)
+    low = tl.full((), float("inf"), tl.float64)
+    high = tl.full((), float("-inf"), tl.float64)
+    nans = tl.zeros((), tl.float64)
+    lanes = tl.arange(0, CHUNK)
+    for start in tl.range(first, last, CHUNK):
+        program = start + lanes
+        inside = program < last
+        at = parts + program.to(tl.int64) * 3
+        low = tl.minimum(low, tl.min(tl.load(at, mask=inside, other=float("inf")), 0))
+        high = tl.maximum(high, tl.max(tl.load(at + 1, mask=inside, other=float("-inf")), 0))
+        nans += tl.sum(tl.load(at + 2, mask=inside, other=0.0), 0)
+    pair = pairs + tensor.to(tl.int64) * 2
+    tl.store(pair, tl.where(nans > 0, float("nan"), low))
+    tl.store(pair + 1, tl.where(nans > 0, float("nan"), high))
