@@ -4,7 +4,8 @@ The GPU path (the Triton kernels, parameters in groups) is forced on CPU tensors
 triton's interpreter; every aten op layerscope adds to a training step is counted through a
 dispatch mode, against the same step of an unwatched copy. On a GPU each of these is a kernel
 launch (or a copy) on the training thread: what fills the launch queue. A randomly initialised
-GPT-2 of 2 layers (Hugging Face), every kind recorded, AdamW, one recorded step:
+GPT-2 of 2 layers (Hugging Face), every kind, AdamW: a recorded step, and a step that the
+gradients' sentinel watches:
 
     TRITON_INTERPRET=1 python benchmarks/launches.py
 """
@@ -15,6 +16,7 @@ import collections
 import copy
 import os
 import sys
+from typing import Any
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -71,12 +73,12 @@ def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Te
     optimizer.zero_grad()
 
 
-def count() -> dict[str, float]:
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        sys.exit("run with TRITON_INTERPRET=1: the GPU path is forced on CPU tensors")
+def count(every: int | layerscope.Schedule, steps_before: int) -> dict[str, Any]:
+    """Launches of the step after ``steps_before`` watched steps, against an unwatched step."""
     launches: list[str] = []
-    _triton_kernels.partials_kernel = CountLaunches(_triton_kernels.partials_kernel, launches)
-    _triton_kernels.finish_kernel = CountLaunches(_triton_kernels.finish_kernel, launches)
+    for name in ("partials_kernel", "finish_kernel", "extremes_kernel", "extremes_finish_kernel"):
+        kernel = getattr(_triton_kernels, name)
+        setattr(_triton_kernels, name, CountLaunches(kernel, launches))
     model, ids = gpt2()
     plain = copy.deepcopy(model)
     plain_optimizer = torch.optim.AdamW(plain.parameters())
@@ -86,34 +88,41 @@ def count() -> dict[str, float]:
     optimizer = torch.optim.AdamW(model.parameters())
     with (
         _triton.on_cpu(),
-        layerscope.watch(model, optimizer=optimizer, every=1, capture=KINDS) as scope,
+        layerscope.watch(model, optimizer=optimizer, every=every, capture=KINDS) as scope,
     ):
-        step(model, optimizer, ids)
+        for _ in range(steps_before):
+            step(model, optimizer, ids)
         launches.clear()
         with CountOps() as watched:
             step(model, optimizer, ids)
         triton = len(launches)
+    for name in ("partials_kernel", "finish_kernel", "extremes_kernel", "extremes_finish_kernel"):
+        setattr(_triton_kernels, name, getattr(_triton_kernels, name).kernel)
     frame = scope.frame()
-    tensors = int((frame["step"] == 1).sum())
     own = watched.ops - unwatched.ops
-    aten = sum(n for op, n in own.items() if op not in FREE)
     return {
-        "tensors": tensors,
+        "rows": int((frame["step"] == steps_before).sum()),
         "modules": sum(1 for _ in model.modules()),
         "triton": triton,
-        "aten": aten,
-        "per_tensor": (triton + aten) / tensors,
+        "aten": sum(n for op, n in own.items() if op not in FREE),
         "aten_ops": dict(sorted((op, n) for op, n in own.items() if op not in FREE)),
     }
 
 
 def main() -> None:
-    figures = count()
-    print(f"GPT-2, 2 layers ({figures['modules']} modules), every kind, one recorded step:")
-    print(f"- rows recorded: {figures['tensors']}")
-    print(f"- Triton launches: {figures['triton']}")
-    print(f"- other ops layerscope adds: {figures['aten']} {figures['aten_ops']}")
-    print(f"- launches per recorded row: {figures['per_tensor']:.2f}")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("run with TRITON_INTERPRET=1: the GPU path is forced on CPU tensors")
+    recorded = count(every=1, steps_before=1)
+    sentinel = count(every=layerscope.Schedule(every=100, sentinel="gradients"), steps_before=2)
+    print(f"GPT-2, 2 layers ({recorded['modules']} modules), every kind, AdamW:")
+    for label, figures in (
+        ("a recorded step", recorded),
+        ("a step of the gradients' sentinel", sentinel),
+    ):
+        launched = figures["triton"] + figures["aten"]
+        print(f"- {label}: {figures['rows']} rows, {figures['triton']} Triton launches, "
+              f"{figures['aten']} other ops {figures['aten_ops']}: "
+              f"{launched / figures['rows']:.2f} launches per row")  # fmt: skip
 
 
 if __name__ == "__main__":
