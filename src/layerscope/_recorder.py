@@ -153,34 +153,54 @@ class Recorder:
         all of them; the rest are read one by one. A tensor that cannot be read costs only
         its own row (``fail`` names it).
         """
-        groups: dict[tuple[torch.device, torch.dtype], list[tuple[GroupEntry, Tensor]]] = {}
+
+        def alone(entry: GroupEntry) -> None:
+            self.record(step, entry.target, kind, entry.name, 0, phase, entry.tensor,
+                        entry.also_owned_by, entry.shard)  # fmt: skip
+
+        groups = self._grouped(entries, kind, "reading", alone)
+        for (device, _), members in groups.items():
+            try:
+                buffer_id, rows = self._rows_on(device)
+                first = rows.reserve(len(members))
+                tensors = [entry.tensor for entry in members]
+                write_group_partials(tensors, self.histogram, rows.data, first)
+            except Exception as error:
+                self._fail(f"reading {kind.value} of {len(members)} tensors", error)
+                continue
+            for index, entry in enumerate(members, start=first):
+                custom = self._custom_stats(rows, entry.tensor) if self.custom else ()
+                self._add(step, entry.target, kind, entry.name, 0, phase, entry.tensor,
+                          entry.shard, entry.also_owned_by, (buffer_id, index, custom))  # fmt: skip
+        self._flush_if_full()  # after the groups: a flush empties the rows they point to
+
+    def _grouped(
+        self,
+        entries: Sequence[GroupEntry],
+        kind: Kind,
+        verb: str,
+        alone: Callable[[GroupEntry], None],
+    ) -> dict[tuple[torch.device, torch.dtype], list[GroupEntry]]:
+        """``entries`` that the GPU kernels read, as local tensors by device and dtype.
+
+        ``alone`` reads each of the others as it is. A tensor that cannot be read costs only
+        its own reading (``fail`` names it, after ``verb``).
+        """
+        groups: dict[tuple[torch.device, torch.dtype], list[GroupEntry]] = {}
         for entry in entries:
             try:
                 tensor, shard = entry.tensor, entry.shard
                 if type(tensor) is not Tensor:
                     tensor, shard = _local(tensor, shard)
                 if tensor.is_nested or not group_reads(tensor):
-                    self.record(step, entry.target, kind, entry.name, 0, phase, tensor,
-                                entry.also_owned_by, shard)  # fmt: skip
+                    alone(entry)
                     continue
                 _check_strided(tensor)
                 local = GroupEntry(entry.target, entry.name, tensor, entry.also_owned_by, shard)
-                groups.setdefault((tensor.device, tensor.dtype), []).append((local, tensor))
+                groups.setdefault((tensor.device, tensor.dtype), []).append(local)
             except Exception as error:
-                self._fail(f"reading {kind.value} {entry.name!r} of {entry.target.name!r}", error)
-        for (device, _), members in groups.items():
-            try:
-                buffer_id, rows = self._rows_on(device)
-                first = rows.reserve(len(members))
-                write_group_partials([t for _, t in members], self.histogram, rows.data, first)
-            except Exception as error:
-                self._fail(f"reading {kind.value} of {len(members)} tensors", error)
-                continue
-            for offset, (entry, tensor) in enumerate(members):
-                custom = self._custom_stats(rows, tensor) if self.custom else ()
-                self._add(step, entry.target, kind, entry.name, 0, phase, tensor, entry.shard,
-                          entry.also_owned_by, (buffer_id, first + offset, custom))  # fmt: skip
-        self._flush_if_full()  # after the groups: a flush empties the rows they point to
+                self._fail(f"{verb} {kind.value} {entry.name!r} of {entry.target.name!r}", error)
+        return groups
 
     def _remember(
         self, tensor: Tensor, buffer_id: int, index: int, custom: tuple[CustomRef, ...]
@@ -259,32 +279,24 @@ class Recorder:
         ``record_extremes`` of each, with one launch pair per device and dtype where the GPU
         kernels read them.
         """
-        groups: dict[tuple[torch.device, torch.dtype], list[tuple[GroupEntry, Tensor]]] = {}
-        for entry in entries:
-            try:
-                tensor, shard = entry.tensor, entry.shard
-                if type(tensor) is not Tensor:
-                    tensor, shard = _local(tensor, shard)
-                if tensor.is_nested or not group_reads(tensor):
-                    self.record_extremes(step, entry.target, kind, entry.name, 0, phase, tensor)
-                elif tensor.is_floating_point() and tensor.numel():
-                    _check_strided(tensor)
-                    local = GroupEntry(entry.target, entry.name, tensor, entry.also_owned_by, shard)
-                    groups.setdefault((tensor.device, tensor.dtype), []).append((local, tensor))
-            except Exception as error:
-                self._fail(f"watching {kind.value} {entry.name!r} of {entry.target.name!r}", error)
-        for (device, _), members in groups.items():
+
+        def alone(entry: GroupEntry) -> None:
+            self.record_extremes(step, entry.target, kind, entry.name, 0, phase, entry.tensor)
+
+        for (device, _), group in self._grouped(entries, kind, "watching", alone).items():
+            # As record_extremes: tensors that are not floating point or are empty are skipped.
+            members = [e for e in group if e.tensor.is_floating_point() and e.tensor.numel()]
             try:
                 buffer_id, rows = self._rows_on(device)
-                first = rows.add_group_extremes([tensor for _, tensor in members])
+                first = rows.add_group_extremes([entry.tensor for entry in members])
             except Exception as error:
                 self._fail(f"watching {kind.value} of {len(members)} tensors", error)
                 continue
-            for offset, (entry, tensor) in enumerate(members):
+            for pair, entry in enumerate(members, start=first):
                 code = self._identity_code(entry.target, kind, entry.name, 0, phase)
-                form = self._form_code(tensor, entry.shard)
-                pair = first + offset
-                self.extremes.append(Extreme(step, code, form, buffer_id, pair, tensor.numel()))
+                form = self._form_code(entry.tensor, entry.shard)
+                numel = entry.tensor.numel()
+                self.extremes.append(Extreme(step, code, form, buffer_id, pair, numel))
         if len(self.extremes) >= self.rows_per_flush:
             self.flush(final=False)
 
