@@ -13,30 +13,24 @@ from typing import Any
 from layerscope._imports import require
 from layerscope._modules import CallEvent
 from layerscope.sinks._base import Records, RunInfo, RunSummary
-from layerscope.store._compaction import compact
+from layerscope.store._claim import check_free, check_own_directory
 from layerscope.store._files import (
-    file_names,
     remove_if_empty,
     remove_written,
     write_bytes,
-    write_parquet,
 )
 from layerscope.store._layout import (
-    CALLS_FILE,
     MODULES_FILE,
-    RUN_ENTRIES,
-    RUN_FILE,
     SEGMENTED_TABLES,
-    directory_rank,
     next_segment,
     rank_directory,
-    segment_name,
 )
-from layerscope.store._run_meta import RunFile, last_step_field, opening_meta
+from layerscope.store._rank_files import RankFiles
+from layerscope.store._run_meta import RunFile, opening_meta
 from layerscope.store._temporaries import remove_stale_temporaries
 
 
-class ParquetStore:
+class ParquetStore(RankFiles):
     """Writes a run directory that ``layerscope.load`` reads, also while it is being written.
 
     Rows gather in memory and are written as a Parquet segment per table every
@@ -170,8 +164,8 @@ class ParquetStore:
         self._info = info
         known = info.place.peek()
         place = rank_directory(known[0]) if known is not None else ""
-        self._check_free(place)
-        self._check_own_directory()
+        check_free(self._fs, self._root, self.path, place)
+        check_own_directory(self._fs, self._root, self.path)
         try:
             self._made_root = not self._fs.exists(self._root)
             self._fs.makedirs(self._root, exist_ok=True)
@@ -200,43 +194,6 @@ class ParquetStore:
         if self._made_root:
             remove_if_empty(self._fs, self._root)
 
-    def _check_free(self, place: str) -> None:
-        """Raise ``FileExistsError`` if ``place`` (relative to the root) holds a run."""
-        where = f"{self._root}/{place}".rstrip("/")
-        if self._fs.exists(f"{where}/{RUN_FILE}"):
-            whose = f" (at {place})" if place else ""
-            raise FileExistsError(
-                f"run: {self.path} already holds a run{whose}; layerscope never overwrites "
-                f"one. Pass a new directory."
-            )
-
-    def _check_own_directory(self) -> None:
-        """Raise ``FileExistsError`` unless the root is new, empty, or only a run's files.
-
-        A run gets a directory of its own: written among a user's files, its compaction and
-        a later ``layerscope`` would share the folder with them. Other ranks' files, and what
-        a killed writer of this run left, are a run's.
-        """
-        if not self._fs.exists(self._root):
-            return
-        if not self._fs.isdir(self._root):
-            raise FileExistsError(
-                f"run: {self.path} is a file; pass a directory that is new or empty"
-            )
-        foreign = sorted(
-            name
-            for name in file_names(self._fs, self._root)
-            if name not in RUN_ENTRIES
-            and directory_rank(name) is None
-            and not name.startswith(".")  # reserve and temporaries of a killed writer
-        )
-        if foreign:
-            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-            raise FileExistsError(
-                f"run: {self.path} holds files that are not a run's ({shown}); pass a "
-                f"directory that is new or empty"
-            )
-
     def _open(self) -> None:
         """Fix the rank and make its files: table directories, ``modules.json``, ``run.json``.
 
@@ -247,7 +204,7 @@ class ParquetStore:
         assert info is not None, "start() first"
         rank, world_size = info.place.fix()
         place = rank_directory(rank)
-        self._check_free(place)
+        check_free(self._fs, self._root, self.path, place)
         self._place = f"{self._root}/{place}".rstrip("/")
         try:
             # No writer of this place lives (it would have its run.json there): what a killed
@@ -357,12 +314,6 @@ class ParquetStore:
         assert self._info is not None, "start() first"
         return self._info.rank
 
-    def _count_dropped(self, table: str, rows: int) -> None:
-        if table == "stats":
-            self.dropped_rows += rows
-        elif table == "scalars":
-            self.dropped_scalars += rows
-
     def sync(self) -> None:
         """Wait for the flush in flight; raise its error, if it had one."""
         error = self._join_in_flight()
@@ -375,76 +326,6 @@ class ParquetStore:
             thread.join()
         error, self._file_error = self._file_error, None
         return error
-
-    def _write_segments(
-        self, tables: dict[str, Any], last_steps: dict[str, int], calls: Any, steps: int
-    ) -> None:
-        """Write each table's segment, then ``run.json``; a table that fails drops its rows."""
-        started = time.thread_time()
-        try:
-            self._write_each(tables, last_steps, calls, steps)
-        finally:
-            self._file_seconds += time.thread_time() - started
-
-    def _write_each(
-        self, tables: dict[str, Any], last_steps: dict[str, int], calls: Any, steps: int
-    ) -> None:
-        error: Exception | None = None
-        if tables or calls is not None:
-            try:
-                self._hold_reserve()
-            except OSError as no_room:  # the disk is full still: its space is run.json's
-                error = no_room
-                for table, data in tables.items():
-                    self._count_dropped(table, data.num_rows)
-                tables, calls = {}, None
-        for table, data in tables.items():
-            index = self._segments[table]
-            try:
-                self._write_table(f"{table}/{segment_name(index)}", data)
-            except Exception as failed:  # raised again by the next flush, on the writer thread
-                self._count_dropped(table, data.num_rows)
-                error = error or failed
-                continue
-            self._segments[table] = index + 1
-            self._count_written(table, data.num_rows, last_steps[table])
-        if calls is not None:
-            try:
-                self._write_table(CALLS_FILE, calls)
-            except Exception as failed:
-                error = error or failed
-        if error is not None:
-            self._failures += 1
-        try:
-            self._meta.update(
-                updated=time.time(),
-                steps=steps,
-                recorded_rows=self._given_rows,
-                written_rows=self._written_rows,
-                dropped_rows=self.dropped_rows,
-                written_scalars=self._written_scalars,
-                dropped_scalars=self.dropped_scalars,
-                failures=self._failures,
-            )
-            if self._info is not None and self._info.progress is not None:
-                cost, kernel = self._info.progress()
-                self._meta.update(cost_seconds=cost, kernel=kernel or None)
-            self._write_meta()
-        except Exception as failed:
-            if error is None:
-                self._failures += 1
-                error = failed
-        self._file_error = self._file_error or error
-
-    def _count_written(self, table: str, rows: int, last_step: int) -> None:
-        """Count a segment's rows as written, and the last step its table holds on disk."""
-        if table == "stats":
-            self._written_rows += rows
-        elif table == "scalars":
-            self._written_scalars += rows
-        field = last_step_field(table)
-        held = self._meta[field]
-        self._meta[field] = last_step if held is None else max(held, last_step)
 
     def close(self, summary: RunSummary) -> None:
         """Write what waits, compact each table into one file and record how the run ended.
@@ -504,36 +385,6 @@ class ParquetStore:
         assert self._run_file is not None, "opened above"
         self._run_file.write_last(self._meta)
         return late
-
-    # ------------------------------------------------------------------ files
-
-    def _compact(self, table: str) -> None:
-        """Merge a table's files into one (see ``_compaction``)."""
-        compact(self._fs, self._join(table))
-
-    def _write_table(self, relative: str, data: Any) -> None:
-        """Write an Arrow table as one Parquet file, at ``relative`` in this rank's place."""
-        write_parquet(self._fs, self._join(relative), [data], data.schema)
-
-    def _write_meta(self) -> None:
-        assert self._run_file is not None, "_open() first"
-        self._run_file.write(self._meta)
-
-    def _hold_reserve(self) -> None:
-        assert self._run_file is not None, "_open() first"
-        self._run_file.hold_reserve()
-
-    def _release_reserve(self) -> None:
-        if self._run_file is not None:
-            with contextlib.suppress(OSError):  # nothing more to do about it
-                self._run_file.release_reserve()
-
-    def _list(self, table: str) -> list[str]:
-        return file_names(self._fs, self._join(table))
-
-    def _join(self, relative: str) -> str:
-        """``relative`` in this rank's directory."""
-        return f"{self._place}/{relative}"
 
 
 def _check_count(name: str, value: object) -> None:
