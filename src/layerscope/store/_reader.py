@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +28,9 @@ from layerscope.store._layout import (
 )
 from layerscope.store._run_meta import RunFile
 from layerscope.store._segment_checks import SegmentChecks
-from layerscope.store._sql import Database, create_view, duckdb_url
+from layerscope.store._sql import Database, Views
 from layerscope.store._status import combine_metas
+from layerscope.store._tables import RETRIES, empty_table, read_pieces, table_frame
 from layerscope.store._temporaries import remove_stale_temporaries
 
 if TYPE_CHECKING:
@@ -45,7 +45,6 @@ OUTSIDE = "a link to a place outside the served folder: not read"
 #: Values bound to a query's placeholders: a list for ``?``, a dict for ``$name``.
 Parameters = Sequence[Any] | Mapping[str, Any] | None
 RANKS = ("each", "merge")
-_RETRIES = 10
 
 
 class Run:
@@ -112,10 +111,8 @@ class Run:
             {place: (rank, rank_meta) for rank, (place, rank_meta) in metas.items()},
             self.outside,
         )
-        self._database = Database(self._fs)
+        self._views = Views(Database(self._fs))
         self._rankless: set[str] = set()  # files written before tables had a rank column
-        self._views_lock = threading.Lock()
-        self._views_signature: tuple[int, tuple[tuple[str, ...], ...]] | None = None
 
     def __repr__(self) -> str:
         return f"<Run {self.meta.get('name')!r} {self.meta['status']}, {self.path}>"
@@ -301,7 +298,7 @@ class Run:
             run.sql("select module, max(absmax) from stats where kind = ? group by 1", ["grad"])
         """
         duckdb = require("duckdb", "dataframe")
-        for _ in range(_RETRIES - 1):
+        for _ in range(RETRIES - 1):
             try:
                 return self._query(query, params)
             except (FileNotFoundError, duckdb.IOException):
@@ -311,7 +308,7 @@ class Run:
     def _query(self, query: str, params: Parameters = None) -> pandas.DataFrame:
         """``query`` over a view per table of the files the directory lists now."""
         empty = self._refresh_views()
-        connection = self._database.cursor()
+        connection = self._views.database.cursor()
         try:
             for table in empty:  # a table no file holds yet: its columns, no rows
                 connection.register(table, self._empty(table))
@@ -321,79 +318,18 @@ class Run:
         return frame
 
     def _refresh_views(self) -> list[str]:
-        """Make the tables' views over the files listed now, unless they are that already.
-
-        Views live in the run's database, shared by its cursors, and are made again only
-        when the listing changed: binding a view reads every file's schema, which cost most
-        of a small query. Returns the tables that have no file.
-        """
+        """Make the tables' views over the files listed now; return the tables with no file."""
         listing = {table: self._readable(table) for table in TABLES}
-        signature = (self._database.opened, tuple(tuple(paths) for paths in listing.values()))
-        with self._views_lock:
-            if signature != self._views_signature:
-                connection = self._database.cursor()
-                try:
-                    for table, paths in listing.items():
-                        if paths:
-                            urls = [duckdb_url(self._fs, path) for path in paths]
-                            rankless = sum(path in self._rankless for path in paths)
-                            create_view(connection, table, urls, rankless)
-                        else:
-                            connection.execute(f"drop view if exists {table}")
-                finally:
-                    connection.close()
-                # The database may have been opened by the cursor: the views are its.
-                self._views_signature = (self._database.opened, signature[1])
-        return [table for table, paths in listing.items() if not paths]
+        return self._views.refresh(self._fs, listing, self._rankless)
 
     # ------------------------------------------------------------------ files
 
     def _frame(self, table: str) -> pandas.DataFrame:
-        pyarrow = require("pyarrow", "dataframe")
-        pieces = self._read_pieces(table)
-        empty = self._empty(table)
-        if not pieces:
-            data = empty
-        else:
-            data = pyarrow.concat_tables(pieces, promote_options="permissive")
-            for field in empty.schema:  # columns no file has: a run of sentinel rows only
-                if field.name not in data.column_names:
-                    data = data.append_column(field, pyarrow.nulls(data.num_rows, field.type))
-        # Key columns are written dictionary-encoded; a DataFrame gets plain strings.
-        plain = pyarrow.schema(
-            [
-                field.with_type(field.type.value_type)
-                if pyarrow.types.is_dictionary(field.type)
-                else field
-                for field in data.schema
-            ],
-            metadata=data.schema.metadata,
-        )
-        frame: pandas.DataFrame = data.cast(plain).to_pandas()
-        return frame
+        pieces = read_pieces(self._fs, lambda: self._readable(table), f"{self.path}: {table}")
+        return table_frame(pieces, self._empty(table))
 
-    def _read_pieces(self, table: str) -> list[Any]:
-        """Arrow tables of the table's files, each with its ``rank``.
-
-        A file that vanishes while being read was compacted meanwhile: list again rather than
-        show fewer rows.
-        """
-        pyarrow = require("pyarrow", "dataframe")
-        parquet = require("pyarrow.parquet", "dataframe")
-        for _ in range(_RETRIES):
-            pieces = []
-            try:
-                for path in self._readable(table):
-                    with self._fs.open(path, "rb") as file:
-                        piece = parquet.read_table(file)
-                    if "rank" not in piece.column_names:  # written before tables had one
-                        rank = pyarrow.array([0] * piece.num_rows, pyarrow.int32())
-                        piece = piece.append_column("rank", rank)
-                    pieces.append(piece)
-            except FileNotFoundError:
-                continue
-            return pieces
-        raise RuntimeError(f"{self.path}: {table} kept changing while being read")
+    def _empty(self, table: str) -> Any:
+        return empty_table(table, self.meta)
 
     def _readable(self, table: str) -> list[str]:
         """Paths of the table's files of every rank; those not to read left out, named.
@@ -432,26 +368,6 @@ class Run:
         """Whether ``place`` holds any table of a run (rank directories aside)."""
         tables = [f"{place}/{table}" for table in SEGMENTED_TABLES]
         return any(self._fs.exists(path) for path in [*tables, f"{place}/{CALLS_FILE}"])
-
-    def _empty(self, table: str) -> Any:
-        """An empty Arrow table with the table's columns."""
-        from layerscope.store._arrow import (
-            ALERTS_SCHEMA,
-            CALLS_SCHEMA,
-            SCALARS_SCHEMA,
-            stats_schema,
-        )
-
-        if table == "stats":
-            config = self.meta.get("config", {})
-            schema = stats_schema(
-                config.get("stats", ()),
-                config.get("custom_stats", ()),
-                histogram=bool(self.meta.get("histogram_edges")),
-            )
-        else:
-            schema = {"scalars": SCALARS_SCHEMA, "alerts": ALERTS_SCHEMA}.get(table, CALLS_SCHEMA)
-        return schema.empty_table()
 
 
 def load(path: str | os.PathLike[str], ranks: str = "each") -> Run:

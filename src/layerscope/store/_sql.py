@@ -1,5 +1,8 @@
 """SQL over a run: a DuckDB database per ``Run``, and views over its Parquet files.
 
+The views are made again only when the listing of files changed: binding a view reads every
+file's schema, which cost most of a small query.
+
 Every database still open is closed at exit: a connection still alive when the interpreter
 shuts down (a Run kept by a thread, a cycle) makes DuckDB's bindings print "nanobind: leaked
 ... instances" on stderr.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import threading
 import weakref
 from typing import Any
 
@@ -81,3 +85,41 @@ def duckdb_url(fs: Any, path: str) -> str:
     protocol = fs.protocol
     protocol = protocol[0] if isinstance(protocol, tuple) else protocol
     return path if protocol in ("file", "local") else f"{protocol}://{path.lstrip('/')}"
+
+
+class Views:
+    """A view per table over the files listed now, in one run's database, shared by its cursors."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self._lock = threading.Lock()
+        self._signature: tuple[int, tuple[tuple[str, ...], ...]] | None = None
+
+    def refresh(self, fs: Any, listing: dict[str, list[str]], rankless: set[str]) -> list[str]:
+        """Make the views over ``listing`` (table -> paths) unless they are that already.
+
+        Args:
+            fs: the fsspec filesystem of the paths.
+            listing: each table's files to read now.
+            rankless: the files written before tables had a ``rank`` column.
+
+        Returns:
+            The tables that have no file.
+        """
+        signature = (self.database.opened, tuple(tuple(paths) for paths in listing.values()))
+        with self._lock:
+            if signature != self._signature:
+                connection = self.database.cursor()
+                try:
+                    for table, paths in listing.items():
+                        if paths:
+                            urls = [duckdb_url(fs, path) for path in paths]
+                            count = sum(path in rankless for path in paths)
+                            create_view(connection, table, urls, count)
+                        else:
+                            connection.execute(f"drop view if exists {table}")
+                finally:
+                    connection.close()
+                # The database may have been opened by the cursor: the views are its.
+                self._signature = (self.database.opened, signature[1])
+        return [table for table, paths in listing.items() if not paths]
