@@ -7,7 +7,11 @@ PNG files, as figures, and as the frames of ``layerscope.animate``. Importing th
 imports neither safetensors, pandas nor matplotlib.
 """
 
-from layerscope.tensors._capture import Capture, capture
+from layerscope.tensors._capture import Capture
+from layerscope.tensors._capture_entry import capture
+from layerscope.tensors._frames import (
+    TensorFrames as TensorFrames,  # frames()' result; not in __all__
+)
 from layerscope.tensors._records import Record
 from layerscope.tensors._recordset import SavedCapture, load_capture
 from layerscope.tensors._render import PCA, HeatMap, Histogram

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, ClassVar
 from torch import Tensor
 
 from layerscope._imports import require
+from layerscope.tensors._frames import TensorFrames
 from layerscope.tensors._records import Record
 
 if TYPE_CHECKING:
-    from matplotlib.artist import Artist
     from matplotlib.figure import Figure
 
 # Frames of an animation: 6.4 x 3.6 inches at 80 dpi, 512 x 288 pixels, as the other animations.
@@ -34,27 +34,6 @@ FRAME_SIZE = (6.4, 3.6)
 FRAME_DPI = 80
 # A PNG written by a callback: matplotlib's default 6.4 x 4.8 inches at this dpi.
 PNG_DPI = 100
-
-
-@dataclass(kw_only=True, eq=False)
-class TensorFrames:
-    """One figure redrawn for each of several tensors, its limits and axes fixed over all.
-
-    Attributes:
-        figure: the figure; its layout is fixed, so each frame has the same axes.
-        moving: the artists that ``draw`` changes; everything else is the same in every frame
-            (blitting draws it once).
-        draw: ``draw(index)`` sets the moving artists to the ``index``-th value.
-        count: how many values (frames).
-    """
-
-    figure: Figure
-    moving: list[Artist]
-    draw: Callable[[int], None]
-    count: int
-
-    def __len__(self) -> int:
-        return self.count
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,11 +122,16 @@ class _Renderer:
         dpi: float | None,
     ) -> TensorFrames:
         require("matplotlib", "plot")
-        from layerscope.plots import _tensor_frames
+        return self._draw(values, size, dpi)
 
-        # Each renderer's drawing is the function named after it there: heatmap_frames, ...
-        draw: Callable[..., TensorFrames] = getattr(_tensor_frames, f"{self.what}_frames")
-        return draw(self, values, size, dpi)
+    def _draw(
+        self,
+        values: list[Tensor | Record],
+        size: tuple[float, float] | None,
+        dpi: float | None,
+    ) -> TensorFrames:
+        """Build the frames of ``values``; each renderer draws its own kind."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,6 +180,23 @@ class HeatMap(_Renderer):
         if not isinstance(self.cmap, str):
             raise TypeError(f"cmap: expected a colour map's name, got {type(self.cmap).__name__}")
 
+    def _draw(
+        self,
+        values: list[Tensor | Record],
+        size: tuple[float, float] | None,
+        dpi: float | None,
+    ) -> TensorFrames:
+        from layerscope.tensors._heatmap_frames import heatmap_frames
+
+        return heatmap_frames(
+            values,
+            size,
+            dpi,
+            max_side=self.max_side,
+            max_channels=self.max_channels,
+            cmap=self.cmap,
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class Histogram(_Renderer):
@@ -224,6 +225,16 @@ class Histogram(_Renderer):
 
     def __post_init__(self) -> None:
         _check_positive("bins", self.bins)
+
+    def _draw(
+        self,
+        values: list[Tensor | Record],
+        size: tuple[float, float] | None,
+        dpi: float | None,
+    ) -> TensorFrames:
+        from layerscope.tensors._histogram_frames import histogram_frames
+
+        return histogram_frames(values, size, dpi, bins=self.bins)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,6 +279,16 @@ class PCA(_Renderer):
         _check_positive("max_points", self.max_points)
         if self.max_points < 2:
             raise ValueError(f"max_points: expected at least 2, got {self.max_points!r}")
+
+    def _draw(
+        self,
+        values: list[Tensor | Record],
+        size: tuple[float, float] | None,
+        dpi: float | None,
+    ) -> TensorFrames:
+        from layerscope.tensors._pca_frames import pca_frames
+
+        return pca_frames(values, size, dpi, max_points=self.max_points)
 
 
 def safe_name(name: str) -> str:
