@@ -1,4 +1,4 @@
-"""``capture()``: hooks that keep whole tensors of chosen modules, step by step.
+"""``Capture``: hooks that keep whole tensors of chosen modules, step by step.
 
 A forward hook on each chosen module copies its outputs (and registers a tensor hook on each
 output that needs a gradient, for the gradient with respect to it); a forward pre-hook copies
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from layerscope._config import check_model
 from layerscope._errors import FailureCounter, LayerscopeWarning
 from layerscope._hooks import HookHandles, in_backward
 from layerscope._kinds import Kind
@@ -356,88 +355,3 @@ class Capture(RecordSet):
             f"layerscope: capture reached max_bytes={self._options.max_bytes}; later "
             f"values are not kept (capture.skipped counts them; clear() makes room)"
         )
-
-
-def capture(
-    model: nn.Module,
-    include: str | Sequence[str] | None = None,
-    exclude: str | Sequence[str] | None = None,
-    types: type[nn.Module] | tuple[type[nn.Module], ...] | None = None,
-    kinds: Sequence[str | Kind] = ("activation", "grad"),
-    condition: Callable[[Record], object] | None = None,
-    reduction: str | Callable[[Tensor, Tensor], Tensor] | None = None,
-    stash_value: Callable[[Tensor], Tensor] | None = None,
-    every: int = 1,
-    device: str | torch.device | None = "cpu",
-    max_bytes: int | None = None,
-) -> Capture:
-    """Keep whole tensors of chosen modules: outputs, output gradients, inputs.
-
-    Each kept value is detached and copied (compact: never a view holding a whole batch) to
-    ``device``, inside the hook, before a later in-place op can change it. Steps are yours to
-    mark with ``cap.step()``. For statistics of every layer at a cost you can leave on, use
-    ``layerscope.watch``; ``capture`` is for looking at the tensors themselves.
-
-    Args:
-        model: any ``nn.Module`` (DDP and ``torch.compile`` wrappers are looked through).
-        include: regex (or list of them) searched in qualified module names; one that matches
-            a whole name picks that module even if it is a container (``"^$"``: the root).
-        exclude: regex (or list) of module names to leave out.
-        types: module classes to keep. By default every module that owns parameters or has
-            no children, as ``watch`` chooses.
-        kinds: some of ``"activation"`` (forward output), ``"grad"`` (gradient with respect
-            to the forward output, through a tensor hook, so in-place ops are safe) and
-            ``"input"`` (forward input, before the module runs).
-        condition: ``fn(record) -> bool``, called before each value is kept; the ``Record``
-            carries the metadata (``module``, ``kind``, ``step``, ``phase``, ...) and, as
-            ``value``, the live tensor, detached (reading it is a host sync on a GPU; do not
-            keep it). Ignore the record to gate on outside state: ``lambda record: flag``.
-        reduction: keep one running tensor per (module, kind, tensor) instead of one per
-            call: ``"sum"``, ``"mean"`` (running mean; ``record.count`` says of how many),
-            ``"max"``, ``"min"`` (shapes must agree), or ``fn(accumulated, new) -> Tensor``.
-            The record's ``step``, ``phase`` and ``call`` are those of its latest value.
-        stash_value: ``fn(tensor) -> Tensor`` applied, on the tensor's device, before the
-            value is kept (e.g. ``lambda t: t.std(dim=0)``, or ``lambda t: t[:4]``).
-        every: keep values in every N-th step only (0, N, 2N, ...); the others carry no hook.
-        device: where kept values go; None keeps each on its own device.
-        max_bytes: stop keeping new values once they would hold more than this many bytes:
-            one ``LayerscopeWarning``, and ``cap.skipped`` counts what was not kept.
-
-    Returns:
-        A ``Capture``: ``records`` (a list of ``Record``), ``step()``, ``to_frame()``,
-        ``save(dir)``, ``clear()``, ``close()``; a context manager whose exit removes every
-        hook. Monitoring failures (a ``stash_value`` that raises, shapes that change under a
-        reduction) warn once, are counted in ``cap.failures``, and never stop training.
-
-    Raises:
-        TypeError: ``model`` is not a module, or an argument has the wrong type.
-        ValueError: a bad regex, an unknown kind or reduction, ``every < 1``,
-            ``max_bytes < 0``, an unusable device, or a selection that matches no module.
-
-    Examples:
-        >>> import torch, layerscope
-        >>> from torch import nn
-        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Linear(8, 1))
-        >>> with layerscope.capture(model, include=r"^0$") as cap:
-        ...     for _ in range(3):
-        ...         model(torch.randn(16, 4)).pow(2).mean().backward()
-        ...         cap.step()
-        >>> [(r.step, r.kind, r.tensor, tuple(r.value.shape)) for r in cap.records][:2]
-        [(0, 'activation', 'out', (16, 8)), (0, 'grad', 'out', (16, 8))]
-        >>> cap.hooks, len(cap.records)
-        (0, 6)
-    """
-    model = check_model(model)
-    options = CaptureOptions.from_arguments(
-        include=include,
-        exclude=exclude,
-        types=types,
-        kinds=kinds,
-        condition=condition,
-        reduction=reduction,
-        stash_value=stash_value,
-        every=every,
-        device=device,
-        max_bytes=max_bytes,
-    )
-    return Capture(model, options)
