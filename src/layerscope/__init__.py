@@ -20,6 +20,7 @@ from layerscope._kinds import Kind
 from layerscope._modules import CallEvent, ModuleInfo
 from layerscope._schedule import Schedule
 from layerscope._scope import Scope
+from layerscope._version import __version__
 from layerscope._watch import watch
 from layerscope.store import Run, load, runs
 from layerscope.tensors import capture, load_capture
@@ -46,4 +47,3 @@ __all__ = [
     "tensors",
     "watch",
 ]
-__version__ = "0.1.0"

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import pandas
 
     from layerscope._modules import ModuleInfo
-    from layerscope.store._reader import Parameters
+
+#: Values bound to a query's placeholders: a list for ``?``, a dict for ``$name`` (as
+#: ``Run.sql`` takes them; the plots do not import the store).
+Parameters = Sequence[Any] | Mapping[str, Any] | None
 
 
 class RunTables(Protocol):

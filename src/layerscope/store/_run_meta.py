@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from layerscope._version import __version__
 from layerscope.sinks._base import RunInfo
 from layerscope.store._files import write_bytes
 from layerscope.store._layout import RUN_FILE, SCHEMA_VERSION, SEGMENTED_TABLES
@@ -177,6 +178,4 @@ def _user() -> str:
 
 
 def _layerscope_version() -> str:
-    from layerscope import __version__
-
     return __version__
