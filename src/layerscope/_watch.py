@@ -122,7 +122,7 @@ def watch(
     """
     model = check_model(model)
     optimizers = parse_optimizers(optimizer)
-    checked_sinks = _check_sinks(sinks)
+    checked_sinks = check_sinks(sinks)
     config = WatchConfig.from_arguments(
         has_optimizer=bool(optimizers),
         every=every,
@@ -163,7 +163,8 @@ def watch(
     )
 
 
-def _check_sinks(sinks: object) -> list[Sink]:
+def check_sinks(sinks: object) -> list[Sink]:
+    """``watch()``'s ``sinks``: one sink or a list of them, as a list; else TypeError."""
     if isinstance(sinks, Sink):
         sinks = [sinks]
     if not isinstance(sinks, Sequence | tuple):

@@ -21,7 +21,7 @@ from layerscope._config import WatchConfig
 from layerscope._errors import LayerscopeWarning, NonFiniteError
 from layerscope._imports import require
 from layerscope._scope import Scope
-from layerscope._watch import _check_sinks, watch
+from layerscope._watch import check_sinks, watch
 from layerscope.store import ParquetStore
 
 #: ``watch()`` arguments the callback fills in from the trainer, with what it passes.
@@ -57,7 +57,7 @@ def check_options(options: Mapping[str, Any]) -> None:
     WatchConfig.from_arguments(
         has_optimizer=True, **{name: values[name] for name in checked if name in values}
     )
-    _check_sinks(values["sinks"])
+    check_sinks(values["sinks"])
     run = options.get("run")
     if run is not None and not isinstance(run, ParquetStore):
         ParquetStore(run)  # the checks of a path watch() makes; touches no file
