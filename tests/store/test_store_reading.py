@@ -140,12 +140,12 @@ def test_a_script_that_queried_a_run_exits_without_a_leak_report(tmp_path):
 
 
 def test_queries_reuse_the_views_until_the_run_has_new_files(tmp_path, monkeypatch):
-    from layerscope.store import _reader
+    from layerscope.store import _sql
 
     made = []
-    original = _reader.create_view
+    original = _sql.create_view
     monkeypatch.setattr(
-        _reader, "create_view", lambda *args: (made.append(args[1]), original(*args))[1]
+        _sql, "create_view", lambda *args: (made.append(args[1]), original(*args))[1]
     )
     model = torch.nn.Linear(3, 2)
     with layerscope.watch(model, run=tmp_path / "run", every=1, alerts=False) as scope:
