@@ -1,6 +1,6 @@
 """The health rules' cost per flush, on synthetic rows of a large model.
 
-    python benchmarks/health_speed.py            # prints the figures (BENCHMARKS.md: before/after)
+    python benchmarks/health_speed.py            # prints the figures (BENCHMARKS.md)
     python benchmarks/health_speed.py --small    # a small model's flushes: 4 blocks, 10 steps
 
 A model shaped like the overhead benchmark's ``scale`` workload (250 residual blocks of Linear,
