@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from layerscope._kinds import Kind
+from layerscope.tensors import PCA, HeatMap, Histogram
 from layerscope.tensors._recordset import RecordSet
-from layerscope.tensors._render import PCA, HeatMap, Histogram
 
 if TYPE_CHECKING:
     from layerscope._scope import Scope

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from layerscope._identities import KEY_COLUMNS, META_COLUMNS
 from layerscope._imports import require
-from layerscope.sinks._memory import MemorySink
+from layerscope.sinks import MemorySink
 from layerscope.sinks._rows import join_columns
 from layerscope.stats._selection import StatSelection
 

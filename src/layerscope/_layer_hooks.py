@@ -32,7 +32,7 @@ from layerscope._pipeline import Pipeline
 from layerscope._recorder import Recorder, Target
 from layerscope._steps import StepClock
 from layerscope._tree import named_tensors
-from layerscope.sinks._base import Records
+from layerscope.sinks import Records
 
 TRAIN = "train"
 EVAL = "eval"

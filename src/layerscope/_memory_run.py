@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from layerscope._imports import require
-from layerscope.sinks._base import RunInfo
-from layerscope.sinks._memory import MemorySink
+from layerscope.sinks import MemorySink, RunInfo
 
 if TYPE_CHECKING:
     import pandas

@@ -30,7 +30,7 @@ from layerscope._readings import (
     Grouping,
     group_readings,
 )
-from layerscope.sinks._rows import StatsRows
+from layerscope.sinks import StatsRows
 from layerscope.stats import finalize, merge_groups
 from layerscope.stats._layout import WIDTH
 from layerscope.stats._selection import StatSelection

@@ -30,8 +30,7 @@ from layerscope._rank_merge import RankMerge
 from layerscope._ranks import ProcessRank
 from layerscope._sentinel_rows import SentinelCarry, sentinel_rows
 from layerscope.health import HealthMonitor
-from layerscope.sinks._base import FanOut, Records, RunSummary
-from layerscope.sinks._rows import StatsRows
+from layerscope.sinks import FanOut, Records, RunSummary, StatsRows
 from layerscope.stats._selection import StatSelection
 
 # Batches, and readings in them, that wait for the writer at most: a bound on the host memory

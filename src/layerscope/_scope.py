@@ -44,11 +44,9 @@ from layerscope._select import device_type, is_compiled, pattern_texts, select, 
 from layerscope._steps import MicroBatchScalars, StepClock
 from layerscope._whole_tensors import WholeTensors
 from layerscope.health import HealthMonitor
-from layerscope.sinks._base import FanOut, RunInfo, RunSummary, Sink
-from layerscope.sinks._memory import MemorySink
+from layerscope.sinks import FanOut, MemorySink, RunInfo, RunSummary, Sink
 from layerscope.stats._partials import kernel_name
-from layerscope.tensors._records import Record
-from layerscope.tensors._recordset import SavedCapture
+from layerscope.tensors import Record, SavedCapture
 from layerscope.tensors._spec import TensorsSpec
 
 if TYPE_CHECKING:

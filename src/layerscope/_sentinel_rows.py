@@ -15,7 +15,7 @@ from torch import Tensor
 from layerscope._batches import Batch, Extreme
 from layerscope._buffer import Arrived
 from layerscope._identities import Identities
-from layerscope.sinks._rows import StatsRows
+from layerscope.sinks import StatsRows
 from layerscope.stats._selection import StatSelection
 
 

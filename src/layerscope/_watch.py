@@ -15,8 +15,8 @@ from layerscope._kinds import DEFAULT_CAPTURE, Kind
 from layerscope._optimizers import parse_optimizers
 from layerscope._schedule import Schedule
 from layerscope._scope import Scope
-from layerscope.sinks._base import Sink
-from layerscope.tensors._records import Record
+from layerscope.sinks import Sink
+from layerscope.tensors import Record
 from layerscope.tensors._spec import parse_tensors
 
 

@@ -16,11 +16,10 @@ from torch import nn
 from layerscope._errors import FailureCounter
 from layerscope._imports import require
 from layerscope._ranks import ProcessRank
+from layerscope.tensors import Record, SavedCapture
 from layerscope.tensors._in_run import RunTensors
 from layerscope.tensors._outlet import TensorOutlet
 from layerscope.tensors._parts import DIRECTORY, read_parts
-from layerscope.tensors._records import Record
-from layerscope.tensors._recordset import SavedCapture
 from layerscope.tensors._spec import TensorsSpec
 
 if TYPE_CHECKING:

@@ -21,9 +21,8 @@ from layerscope._ranks import ProcessRank
 from layerscope.cli._arguments import RUN_METAVAR
 from layerscope.cli._console import open_output
 from layerscope.cli._open import CommandError, open_run
-from layerscope.health._alert import Alert
-from layerscope.sinks._base import Records, RunInfo, RunSummary, Sink
-from layerscope.sinks._rows import StatsRows
+from layerscope.health import Alert
+from layerscope.sinks import Records, RunInfo, RunSummary, Sink, StatsRows
 from layerscope.sinks._tags import ALERT_COLUMNS, DEFAULT_STATS
 
 if TYPE_CHECKING:

@@ -26,8 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from layerscope.plots._source import RunTables
-    from layerscope.tensors import TensorFrames
-    from layerscope.tensors._records import Record
+    from layerscope.tensors import Record, TensorFrames
 
 # Of whole tensors, each by a renderer of layerscope.tensors: HeatMap, PCA, Histogram.
 TENSOR_WHATS = ("heatmap", "pca", "values")

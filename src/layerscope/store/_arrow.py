@@ -15,8 +15,8 @@ import pyarrow as pa
 
 from layerscope._identities import Identities
 from layerscope._modules import CallEvent
-from layerscope.health._alert import Alert
-from layerscope.sinks._rows import StatsRows
+from layerscope.health import Alert
+from layerscope.sinks import StatsRows
 from layerscope.store._arrays import float_lists, floats, lists, numeric, strings
 from layerscope.store._damage import check_fits
 

@@ -16,8 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from layerscope._modules import ModuleInfo
-from layerscope.stats._finalize import BUILTIN_STATS
-from layerscope.stats._histogram import LOG2_BINS
+from layerscope.stats import BUILTIN_STATS, LOG2_BINS
 from layerscope.stats._selection import is_custom_stat_name
 from layerscope.store._damage import RunFileError
 from layerscope.store._layout import SCHEMA_VERSION

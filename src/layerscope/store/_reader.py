@@ -259,8 +259,8 @@ class Run:
         rank's: ``layerscope.load_capture(f"{run.path}/rank-00001/tensors")``. Needs
         ``layerscope[capture]``.
         """
+        from layerscope.tensors import SavedCapture
         from layerscope.tensors._parts import DIRECTORY, read_parts
-        from layerscope.tensors._recordset import SavedCapture
 
         records = read_parts(self._fs, f"{self._root}/{DIRECTORY}")
         return SavedCapture(records, {"tensors": self.meta.get("config", {}).get("tensors")})

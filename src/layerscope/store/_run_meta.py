@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from layerscope._version import __version__
-from layerscope.sinks._base import RunInfo
+from layerscope.sinks import RunInfo
 from layerscope.store._files import write_bytes
 from layerscope.store._layout import RUN_FILE, SCHEMA_VERSION, SEGMENTED_TABLES
 

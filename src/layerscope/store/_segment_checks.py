@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layerscope._imports import require
-from layerscope.stats._finalize import BUILTIN_STATS
+from layerscope.stats import BUILTIN_STATS
 
 # The columns a table's file must have, and the kind of each column a reader relies on.
 _REQUIRED = {

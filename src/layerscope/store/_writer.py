@@ -12,7 +12,7 @@ from typing import Any
 
 from layerscope._imports import require
 from layerscope._modules import CallEvent
-from layerscope.sinks._base import Records, RunInfo, RunSummary
+from layerscope.sinks import Records, RunInfo, RunSummary
 from layerscope.store._claim import check_free, check_own_directory
 from layerscope.store._files import (
     remove_if_empty,
