@@ -58,7 +58,8 @@ def _records(path):
     """The protobuf records of a finished run's ``.wandb`` file, in order.
 
     ``finish()`` returns before W&B's service has written the file's last blocks: wait for
-    its exit record and for the file to stop growing.
+    its exit record and for the file to stop growing. A read can catch a record half
+    written; its tail is left for the next read.
     """
     deadline = time.monotonic() + 20
     while True:
@@ -85,6 +86,8 @@ def _parse(data):
             position += left
             continue
         payload = data[position + 7 : position + 7 + length]
+        if len(payload) < length:  # still being written
+            return
         position += 7 + length
         if kind in (_FIRST, _MIDDLE):
             pending += payload
