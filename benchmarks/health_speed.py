@@ -21,11 +21,11 @@ from collections.abc import Iterator
 
 import torch
 
-from layerscope._identities import Form, Identities, Identity
-from layerscope._kinds import Kind
-from layerscope._modules import ModuleInfo
 from layerscope.health import HealthMonitor, parse_alerts
-from layerscope.sinks._rows import StatsRows
+from layerscope.model._identities import Form, Identities, Identity
+from layerscope.model._kinds import Kind
+from layerscope.model._modules import ModuleInfo
+from layerscope.model._rows import StatsRows
 
 BLOCKS = 250
 STEPS_PER_FLUSH = 2  # recorded steps; the sentinel reads the steps between

@@ -68,9 +68,9 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 options = {options}
 run = tempfile.mkdtemp() + "/run"  # to disk, as a long run would: memory holds no rows
 if not {keep}:  # recording alone: the rows go nowhere, and no store is loaded
-    import layerscope._scope
+    import layerscope.scope._scope
     from layerscope.sinks import NullSink
-    layerscope._scope.MemorySink = NullSink
+    layerscope.scope._scope.MemorySink = NullSink
     run = None
 scope = None
 if options is not None:

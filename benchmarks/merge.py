@@ -34,7 +34,7 @@ def worker(directory: str) -> None:
     from torch import nn
 
     import layerscope
-    from layerscope import _rank_merge
+    from layerscope.writer import _rank_merge
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

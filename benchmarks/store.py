@@ -27,18 +27,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import layerscope
-from layerscope._batches import Batch, arrive
-from layerscope._buffer import HostCopy
-from layerscope._identities import Form, Identities, Identity
-from layerscope._kinds import Kind
-from layerscope._merging import finalize_merged, merge_batches
-from layerscope._ranks import ProcessRank
-from layerscope._readings import Readings
+from layerscope.distributed._ranks import ProcessRank
+from layerscope.model._identities import Form, Identities, Identity
+from layerscope.model._kinds import Kind
+from layerscope.recording._batches import Batch, arrive
+from layerscope.recording._buffer import HostCopy
+from layerscope.recording._readings import Readings
 from layerscope.sinks import Records, RunInfo, RunSummary, StatsRows
 from layerscope.stats import finalize
 from layerscope.stats._layout import WIDTH
 from layerscope.stats._selection import StatSelection
 from layerscope.store import ParquetStore
+from layerscope.writer._merging import finalize_merged, merge_batches
 from report import replace_section
 
 MODULES = [

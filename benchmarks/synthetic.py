@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 import layerscope
-from layerscope._identities import Form, Identities, Identity
-from layerscope._kinds import Kind
-from layerscope._modules import ModuleInfo
-from layerscope._ranks import ProcessRank
+from layerscope.distributed._ranks import ProcessRank
 from layerscope.health._alert import Alert
+from layerscope.model._identities import Form, Identities, Identity
+from layerscope.model._kinds import Kind
+from layerscope.model._modules import ModuleInfo
 from layerscope.sinks import Records, RunInfo, RunSummary, StatsRows
 from layerscope.stats import finalize
 from layerscope.stats._layout import WIDTH, Field

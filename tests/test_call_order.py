@@ -67,7 +67,7 @@ def test_unrecorded_steps_carry_no_call_order_hooks():
 
 def test_a_compiled_models_order_is_its_first_recorded_steps(monkeypatch):
     """Hooks of a compiled model stay as they are: only the first order is logged, whole."""
-    from layerscope import _gates as gates
+    from layerscope.hooks import _gates as gates
 
     monkeypatch.setattr(gates, "user_compiled_anything", lambda: True)
     model = Branching()

@@ -289,14 +289,14 @@ def test_a_stance_the_user_set_is_left_alone():
 
 
 def test_compiled_functions_run_compiled_where_layerscope_allows_them_on_a_recorded_step():
-    from layerscope import _stance as stance
+    from layerscope.stats import _stance as stance
 
     add_one = torch.compile(lambda x: x + 1, backend="eager")
     x = torch.randn(3)
     add_one(x)
     counters = torch._dynamo.utils.counters
     holder = object()
-    stance.follow(holder, True)
+    stance.follow_eager_stance(holder, True)
     try:
         assert _current_stance() == "force_eager"
         counters.clear()
@@ -307,5 +307,5 @@ def test_compiled_functions_run_compiled_where_layerscope_allows_them_on_a_recor
         assert counters["frames"]["total"] > 0  # compiled
         assert _current_stance() == "force_eager"
     finally:
-        stance.release(holder)
+        stance.release_eager_stance(holder)
     assert _current_stance() == "default"

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor, nn
 
 import layerscope
-from layerscope._nested import shape_of, values_of
-from layerscope._tree import named_tensors
+from layerscope.hooks._values import named_tensors
+from layerscope.recording._nested import shape_of, values_of
 from layerscope.stats import finalize, tensor_partials
 
 pytestmark = pytest.mark.filterwarnings(

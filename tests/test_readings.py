@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerscope._readings import FIELDS, Readings, group_readings
+from layerscope.recording._readings import FIELDS, Readings, group_readings
 
 
 def groups_by_hand(keys: list[int], replaces: list[bool]) -> list[list[int]]:

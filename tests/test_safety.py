@@ -197,7 +197,7 @@ def test_hot_path_never_reads_back_to_host(monkeypatch, every):
 
 
 def test_a_monitoring_failure_warns_once_counts_and_training_goes_on(monkeypatch):
-    from layerscope import _recorder
+    from layerscope.recording import _recorder
 
     def broken(*args, **kwargs):
         raise RuntimeError("kernel exploded")
@@ -240,7 +240,7 @@ def test_a_failing_custom_stat_is_skipped_and_the_rest_recorded():
 
 
 def test_a_failing_flush_drops_that_step_with_a_warning_and_training_goes_on(monkeypatch):
-    from layerscope._buffer import DeviceRows
+    from layerscope.recording._buffer import DeviceRows
 
     take = DeviceRows.take
     calls = []

@@ -114,7 +114,7 @@ def test_sentinel_rows_match_float64_min_and_max(micro_batches, dtype):
 def test_a_step_whose_sentinel_readings_are_flushed_in_pieces_keeps_one_row_each(monkeypatch):
     # Very many forwards in a step flush its sentinel readings before the step ends; the
     # writer, finishing every batch at once, must still merge each step's pieces into one row.
-    monkeypatch.setattr(layerscope._pipeline, "WAITING_BATCHES", 1)
+    monkeypatch.setattr(layerscope.writer._pipeline, "WAITING_BATCHES", 1)
     model = _model()
     reference = Reference(model)
     with layerscope.watch(model, every=Schedule(every=100, sentinel=True)) as scope:
@@ -286,7 +286,7 @@ def test_the_gradients_sentinel_finds_the_step_of_a_nan_and_says_what_it_cannot_
 
 @pytest.mark.parametrize("on_accelerator", [True, False])
 def test_the_default_watches_the_gradients_on_an_accelerator_only(on_accelerator):
-    from layerscope._steps import StepClock
+    from layerscope.hooks._steps import StepClock
 
     clock = StepClock(Schedule(every=5), True, lambda: on_accelerator, has_gradient_sentinel=True)
     clock.end_step()  # step 1: not recorded

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import layerscope
-from layerscope import _recorder
+from layerscope.recording import _recorder
 
 
 def _model():

@@ -198,7 +198,7 @@ def test_many_forward_passes_in_one_step_flush_early_and_merge_the_same(
 ):
     # The writer merges up to waiting_batches batches at once: 1 carries every piece of a step
     # to the next, 3 ends groups in the middle of steps, 64 takes both steps in one group.
-    from layerscope import _pipeline
+    from layerscope.writer import _pipeline
 
     monkeypatch.setattr(_pipeline, "WAITING_BATCHES", waiting_batches)
     stats = {"rms": lambda t: t.pow(2).mean().sqrt()} if with_custom else None
@@ -248,7 +248,7 @@ def test_many_forward_passes_in_one_step_flush_early_and_merge_the_same(
 def test_the_writer_finalises_once_per_flush_not_once_per_step(
     monkeypatch, tmp_path, waiting_readings
 ):
-    from layerscope import _pipeline
+    from layerscope.writer import _pipeline
 
     monkeypatch.setattr(_pipeline, "WAITING_READINGS", waiting_readings)
     calls = []
@@ -273,7 +273,7 @@ def test_the_writer_finalises_once_per_flush_not_once_per_step(
 
 
 def test_scalars_of_unrecorded_steps_do_not_pile_up():
-    from layerscope import _recorder
+    from layerscope.recording import _recorder
 
     model = nn.Linear(2, 2)
     with layerscope.watch(model, every=layerscope.Schedule(stop=1)) as scope:
@@ -303,7 +303,7 @@ def test_weight_grads_under_grad_scaler_are_unscaled():
 def test_layerscope_measures_its_own_cost_on_the_training_thread(monkeypatch, tmp_path):
     import time
 
-    from layerscope import _recorder
+    from layerscope.recording import _recorder
 
     real = _recorder.write_partials
     calls = []

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import layerscope
-from layerscope._updates import UpdateSnapshot
+from layerscope.hooks._updates import UpdateSnapshot
 
 
 def test_updates_equal_after_minus_before_bit_for_bit_across_steps_and_a_cast() -> None:

@@ -1,5 +1,10 @@
 """layerscope: see inside every layer of a PyTorch model while it trains.
 
+The package's face: ``watch`` and the ``Scope`` it returns, ``Schedule``, ``capture``, the
+readers of stored runs (``load``, ``runs``, ``Run``) and the errors it raises. Each is imported
+when first used, so reading a run (``layerscope summary``) never imports torch. The stages
+behind the face are packages of their own; ``docs/architecture.md`` draws them.
+
 Examples:
     >>> import torch, layerscope
     >>> model = torch.nn.Linear(4, 2)
@@ -13,17 +18,40 @@ Examples:
     2     0         weight_grad  weight
 """
 
-from layerscope import health, sinks, stats, store, tensors
-from layerscope._animate import animate
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from layerscope._errors import LayerscopeWarning, NonFiniteError
-from layerscope._kinds import Kind
-from layerscope._modules import CallEvent, ModuleInfo
-from layerscope._schedule import Schedule
-from layerscope._scope import Scope
+from layerscope._lazy import lazy_names
 from layerscope._version import __version__
-from layerscope._watch import watch
-from layerscope.store import Run, load, runs
-from layerscope.tensors import capture, load_capture
+
+if TYPE_CHECKING:
+    from layerscope import health, sinks, stats, store, tensors
+    from layerscope._schedule import Schedule
+    from layerscope._watch import watch
+    from layerscope.model import CallEvent, Kind, ModuleInfo
+    from layerscope.scope import Scope, animate
+    from layerscope.store import Run, load, runs
+    from layerscope.tensors import capture, load_capture
+
+# Each public name and the module that defines it, imported on first use.
+_HOMES = {
+    "CallEvent": "layerscope.model",
+    "Kind": "layerscope.model",
+    "ModuleInfo": "layerscope.model",
+    "Run": "layerscope.store",
+    "Schedule": "layerscope._schedule",
+    "Scope": "layerscope.scope",
+    "animate": "layerscope.scope",
+    "capture": "layerscope.tensors",
+    "load": "layerscope.store",
+    "load_capture": "layerscope.tensors",
+    "runs": "layerscope.store",
+    "watch": "layerscope._watch",
+    **{name: f"layerscope.{name}" for name in ("health", "sinks", "stats", "store", "tensors")},
+}
+__getattr__ = lazy_names(__name__, _HOMES)
 
 __all__ = [
     "CallEvent",
@@ -47,3 +75,7 @@ __all__ = [
     "tensors",
     "watch",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

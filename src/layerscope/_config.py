@@ -8,13 +8,17 @@ from typing import Any
 
 from torch import nn
 
-from layerscope._kinds import Kind, parse_capture
 from layerscope._schedule import Schedule, parse_every
-from layerscope._select import Selection, check_types, compile_patterns
 from layerscope.health import AlertsConfig, parse_alerts
-from layerscope.stats import HistogramSpec, LinearHistogram, log2_bin_edges
-from layerscope.stats._histogram import parse_histogram
-from layerscope.stats._selection import StatSelection, parse_stats
+from layerscope.model import Kind, Selection, check_types, compile_patterns, parse_capture
+from layerscope.stats import (
+    HistogramSpec,
+    LinearHistogram,
+    StatSelection,
+    log2_bin_edges,
+    parse_histogram,
+    parse_stats,
+)
 
 # What ``watch(ranks=...)`` takes: each rank's rows its own, or merged into whole-job rows.
 RANKS = ("each", "merge")

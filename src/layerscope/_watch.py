@@ -11,13 +11,12 @@ from torch import nn
 
 from layerscope._config import WatchConfig, check_model
 from layerscope._imports import require
-from layerscope._kinds import DEFAULT_CAPTURE, Kind
-from layerscope._optimizers import parse_optimizers
 from layerscope._schedule import Schedule
-from layerscope._scope import Scope
+from layerscope.hooks import parse_optimizers
+from layerscope.model import DEFAULT_CAPTURE, Kind
+from layerscope.scope import Scope
 from layerscope.sinks import Sink
-from layerscope.tensors import Record
-from layerscope.tensors._spec import parse_tensors
+from layerscope.tensors import Record, parse_tensors
 
 
 def watch(
@@ -139,7 +138,7 @@ def watch(
     tensors_spec = parse_tensors(tensors)
     callback, worker_count = None, 0
     if on_tensor is not None or workers is not None:
-        from layerscope.tensors._workers import check_on_tensor
+        from layerscope.tensors import check_on_tensor
 
         callback, worker_count = check_on_tensor(on_tensor, workers)
     if callback is not None and tensors_spec is None:

@@ -16,7 +16,7 @@ from PIL import Image
 from torch import nn
 
 import layerscope
-from layerscope.plots import _animation, _video
+from layerscope.plots import _video, animation
 from layerscope.tensors import PCA, HeatMap, Histogram, Record
 
 matplotlib = pytest.importorskip("matplotlib")
@@ -377,7 +377,7 @@ def test_animate_draws_each_steps_record_in_the_order_asked(trained, monkeypatch
             drawn.append((step, np.asarray(frames.moving[0].get_array()).copy()))
         return path
 
-    monkeypatch.setattr(_animation, "tensor_animation", keep)
+    monkeypatch.setattr(animation, "tensor_animation", keep)
     layerscope.animate(trained, "2", what="heatmap", path=tmp_path / "x.gif", steps=[3, 0, 4])
     values = {
         r.step: r.value for r in trained.records if r.module == "2" and r.kind == "activation"

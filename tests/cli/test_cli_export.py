@@ -12,7 +12,7 @@ from cli_runs import tiny_model, train
 from torch import nn
 
 import layerscope
-from layerscope.cli import _export
+from layerscope.cli import _replay
 
 pytest.importorskip("tensorboard")
 
@@ -78,9 +78,9 @@ def test_tensorboard_export_holds_the_runs_statistics_scalars_and_histograms(exp
 def test_a_run_is_read_in_chunks_of_steps_with_the_same_result(tmp_path, cli, monkeypatch):
     path = train(tiny_model(), tmp_path / "runs" / "exp1", steps=5)
     run = layerscope.load(path)
-    monkeypatch.setattr(_export, "CHUNK_ROWS", 20)  # 14 rows a step: a chunk of 2 steps
-    assert _export.step_ranges(run, 0) == [(None, 1), (1, 3), (3, None)]
-    seen = [len(records.stats) for records in _export.replay(run)]
+    monkeypatch.setattr(_replay, "CHUNK_ROWS", 20)  # 14 rows a step: a chunk of 2 steps
+    assert _replay.step_ranges(run, 0) == [(None, 1), (1, 3), (3, None)]
+    seen = [len(records.stats) for records in _replay.replay(run)]
     assert seen == [28, 28, 14]
     assert cli("export", path, "--tensorboard", tmp_path / "tb")[0] == 0
     _check_tensorboard(tmp_path / "tb", run)

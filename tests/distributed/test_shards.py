@@ -1,4 +1,4 @@
-"""``layerscope._shards``: a DTensor's local shard and its label, with no collective."""
+"""``layerscope.distributed._shards``: a DTensor's local shard and its label, with no collective."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from collective_log import CollectiveLog
 from torch import nn
 
-from layerscope._shards import _label, local_tensor, shard_label
+from layerscope.distributed._shards import _label, local_tensor, shard_label
 
 
 def test_plain_tensors_and_parameters_pass_through():
@@ -25,7 +25,7 @@ def test_plain_tensors_and_parameters_pass_through():
 def test_plain_tensors_do_not_import_torch_distributed_tensor():
     code = (
         "import sys, torch\n"
-        "from layerscope._shards import local_tensor, shard_label\n"
+        "from layerscope.distributed._shards import local_tensor, shard_label\n"
         "for t in (torch.ones(2), torch.nn.Parameter(torch.ones(2))):\n"
         "    local_tensor(t), shard_label(t)\n"
         "assert 'torch.distributed.tensor' not in sys.modules, 'imported'\n"

@@ -18,7 +18,7 @@ from collective_log import CollectiveLog
 from torch import nn
 from training_job import start, write_json
 
-from layerscope._shards import local_tensor, shard_label
+from layerscope.distributed._shards import local_tensor, shard_label
 
 
 def dtensors() -> dict[str, torch.Tensor]:

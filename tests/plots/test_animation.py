@@ -12,7 +12,7 @@ from PIL import Image
 from tests.plots.conftest import record
 
 import layerscope
-from layerscope.plots import _animation, _video
+from layerscope.plots import _video, animation
 
 
 def frames_of_gif(path):
@@ -54,7 +54,7 @@ def test_each_frame_draws_the_steps_histogram(run, monkeypatch):
             drawn[step] = (lefts, np.array([bar.get_height() for bar in bars]))
         assert fig.axes[0].get_xlabel().startswith("log2 |value|")
 
-    monkeypatch.setattr(_animation, "_save", keep)
+    monkeypatch.setattr(animation, "_save", keep)
     layerscope.animate(run, "0", "grad", path=run.path + "/x.gif", steps=[3, 1])
     assert sorted(drawn) == [1, 3]
     expected = expected_fractions(run, "0", "grad")

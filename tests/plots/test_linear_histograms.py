@@ -14,7 +14,7 @@ import pytest
 from tests.plots.conftest import LAYERS, LINEAR, layer_lines, widened_histograms
 
 import layerscope
-from layerscope.plots import _animation
+from layerscope.plots import animation
 
 _, LO, HI, BINS = LINEAR
 BELOW, ABOVE = f"< {LO:g}", f"≥ {HI:g}"
@@ -102,7 +102,7 @@ def test_animation_frames_draw_every_slot_and_name_the_open_ones(linear_run, mon
         labels = [label.get_text() for label in axes.get_xticklabels()]
         assert_open_slots_named(axes.get_xticks(), labels, bounds)
 
-    monkeypatch.setattr(_animation, "_save", keep)
+    monkeypatch.setattr(animation, "_save", keep)
     layerscope.animate(linear_run, "0", path=linear_run.path + "/l.gif", steps=[2, 0])
     steps, counts = widened_histograms(linear_run, "0")
     expected = fractions(counts)

@@ -139,7 +139,7 @@ def test_a_rank_other_than_0_logs_nothing(store, monkeypatch):
 
 
 def test_a_rank_not_known_at_start_is_asked_at_the_first_write(store, monkeypatch):
-    from layerscope._ranks import ProcessRank
+    from layerscope.distributed._ranks import ProcessRank
     from layerscope.sinks import Records, RunInfo, RunSummary
 
     place = ProcessRank()  # watch() before init_process_group, on what turns out rank 1

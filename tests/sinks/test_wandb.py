@@ -13,7 +13,7 @@ from torch import nn
 
 import layerscope
 from layerscope import LayerscopeWarning
-from layerscope._ranks import ProcessRank
+from layerscope.distributed._ranks import ProcessRank
 from layerscope.health._alert import Alert
 from layerscope.sinks import Records, RunInfo, RunSummary, WandB
 

@@ -13,7 +13,7 @@ from tests.cli.cli_runs import tiny_model
 
 import layerscope
 from layerscope import LayerscopeWarning
-from layerscope._ranks import ProcessRank
+from layerscope.distributed._ranks import ProcessRank
 from layerscope.sinks._base import Records, RunInfo, RunSummary
 from layerscope.store import ParquetStore
 from layerscope.store._compaction import compact

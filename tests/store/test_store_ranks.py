@@ -16,7 +16,7 @@ from torch import nn
 
 import layerscope
 from layerscope import LayerscopeWarning
-from layerscope._ranks import ProcessRank
+from layerscope.distributed._ranks import ProcessRank
 from layerscope.sinks._base import Records, RunInfo, RunSummary
 from layerscope.store import ParquetStore
 

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 import layerscope
-from layerscope._identities import Form, Identities, Identity
-from layerscope._kinds import Kind
-from layerscope._ranks import ProcessRank
+from layerscope.distributed._ranks import ProcessRank
+from layerscope.model._identities import Form, Identities, Identity
+from layerscope.model._kinds import Kind
 from layerscope.sinks import StatsRows
 from layerscope.sinks._base import Records, RunInfo, RunSummary
 from layerscope.store import ParquetStore

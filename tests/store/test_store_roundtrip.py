@@ -325,7 +325,7 @@ def test_counters_count_stats_rows_and_scalars_apart(tmp_path, monkeypatch):
 
 
 def test_scalars_lost_before_the_store_are_counted_with_its_own(tmp_path):
-    from layerscope._ranks import ProcessRank
+    from layerscope.distributed._ranks import ProcessRank
     from layerscope.sinks._base import Records, RunInfo, RunSummary
 
     info = RunInfo("id", "r", time.time(), ProcessRank(), {}, [], None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from layerscope.store._damage import RunFileError, warn_damaged
+from layerscope.store import RunFileError, warn_damaged
 
 if TYPE_CHECKING:
     from layerscope.store import Run

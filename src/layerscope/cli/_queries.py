@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from layerscope._kinds import Kind
+from layerscope.model import Kind
 
 if TYPE_CHECKING:
     import pandas

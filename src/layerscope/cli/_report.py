@@ -40,7 +40,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Write the report and say where it is."""
-    from layerscope.ui._report import report_html  # plotly: the ui extra, imported now
+    from layerscope.ui import report_html  # plotly: the ui extra, imported now
 
     run_ = open_run(args.path)
     other = None if args.compare is None else open_run(args.compare)

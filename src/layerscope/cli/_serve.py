@@ -36,7 +36,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted (Ctrl-C)."""
-    from layerscope.ui import _server  # starlette and uvicorn: the ui extra, imported now
+    from layerscope import ui  # starlette and uvicorn: the ui extra, imported when it serves
 
     if not os.path.isdir(args.dir):
         raise CommandError(f"no folder at {args.dir}")
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise CommandError(f"--port: expected 0 to 65535, got {args.port}")
     try:
-        _server.serve(args.dir, host=args.host, port=args.port)
+        ui.serve(args.dir, host=args.host, port=args.port)
     except OSError as error:  # the address: in use, or not this machine's
         reason = error.strerror or str(error)
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {reason}") from None

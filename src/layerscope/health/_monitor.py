@@ -10,7 +10,6 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from layerscope._modules import CallEvent, ModuleInfo
 from layerscope.health._alert import Alert
 from layerscope.health._config import AlertsConfig
 from layerscope.health._dead import Dead
@@ -20,7 +19,7 @@ from layerscope.health._loss_spike import LossSpike
 from layerscope.health._nonfinite import NonFinite
 from layerscope.health._readings import ModuleOrder, step_views
 from layerscope.health._update_ratio import UpdateRatio, left_out_of
-from layerscope.sinks._rows import StatsRows
+from layerscope.model import CallEvent, ModuleInfo, StatsRows
 
 _log = logging.getLogger("layerscope")
 _LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}

@@ -20,8 +20,8 @@ from torch import Tensor
 from layerscope._config import WatchConfig
 from layerscope._errors import LayerscopeWarning, NonFiniteError
 from layerscope._imports import require
-from layerscope._scope import Scope
 from layerscope._watch import check_sinks, watch
+from layerscope.scope import Scope
 from layerscope.store import ParquetStore
 
 #: ``watch()`` arguments the callback fills in from the trainer, with what it passes.

@@ -17,8 +17,8 @@ from typing import Any
 
 from torch import Tensor
 
-from layerscope._scope import Scope
 from layerscope.integrations._watcher import Watcher
+from layerscope.scope import Scope
 
 try:
     import lightning.pytorch as pl

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from layerscope._scope import Scope
 from layerscope.integrations._watcher import Watcher
+from layerscope.scope import Scope
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments

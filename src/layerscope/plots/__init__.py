@@ -20,7 +20,39 @@ if TYPE_CHECKING:
 
     from layerscope.plots._source import RunTables
 
-__all__ = ["RunPlots"]
+
+from layerscope.plots._histograms import histogram_edges, widen
+from layerscope.plots._images import LOG_SCALE_STATS
+from layerscope.plots._select import (
+    DEFAULT_TENSOR,
+    PHASES,
+    PICKED_MODULES,
+    check_kind,
+    check_phase,
+    check_stat,
+    column,
+    select_modules,
+)
+from layerscope.plots._source import RunTables
+from layerscope.plots._value_axis import is_linear, value_axis
+
+__all__ = [
+    "DEFAULT_TENSOR",
+    "LOG_SCALE_STATS",
+    "PHASES",
+    "PICKED_MODULES",
+    "RunPlots",
+    "RunTables",
+    "check_kind",
+    "check_phase",
+    "check_stat",
+    "column",
+    "histogram_edges",
+    "is_linear",
+    "select_modules",
+    "value_axis",
+    "widen",
+]
 
 
 class RunPlots:

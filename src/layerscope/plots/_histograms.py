@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from layerscope.plots._select import Modules, read_rows
-from layerscope.store._damage import check_fits
+from layerscope.stats import check_fits
 
 if TYPE_CHECKING:
     import pandas

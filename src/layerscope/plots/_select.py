@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from layerscope._kinds import Kind
+from layerscope.model import Kind
 
 if TYPE_CHECKING:
     import pandas

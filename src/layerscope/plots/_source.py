@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import pandas
 
-    from layerscope._modules import ModuleInfo
+    from layerscope.model import ModuleInfo
 
 #: Values bound to a query's placeholders: a list for ``?``, a dict for ``$name`` (as
 #: ``Run.sql`` takes them; the plots do not import the store).

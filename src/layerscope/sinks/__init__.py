@@ -9,14 +9,17 @@ run store, ``layerscope.store.ParquetStore``, is a sink too. A sink's ``write`` 
 ``Records``, whose ``stats`` are ``StatsRows``.
 """
 
+from layerscope.model import StatsRows, join_columns
 from layerscope.sinks._base import FanOut, NullSink, Records, RunInfo, RunSummary, Sink
 from layerscope.sinks._memory import MemorySink
 from layerscope.sinks._mlflow import MLflow
-from layerscope.sinks._rows import StatsRows
+from layerscope.sinks._tags import ALERT_COLUMNS, DEFAULT_STATS
 from layerscope.sinks._tensorboard import TensorBoard
 from layerscope.sinks._wandb import WandB
 
 __all__ = [
+    "ALERT_COLUMNS",
+    "DEFAULT_STATS",
     "FanOut",
     "MLflow",
     "MemorySink",
@@ -28,4 +31,5 @@ __all__ = [
     "StatsRows",
     "TensorBoard",
     "WandB",
+    "join_columns",
 ]

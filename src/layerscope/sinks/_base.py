@@ -14,10 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from layerscope._modules import CallEvent, ModuleInfo
-from layerscope._ranks import ProcessRank
-from layerscope.health._alert import Alert
-from layerscope.sinks._rows import StatsRows
+from layerscope.distributed import ProcessRank
+from layerscope.health import Alert
+from layerscope.model import CallEvent, ModuleInfo, StatsRows
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from layerscope._modules import CallEvent
-from layerscope.health._alert import Alert
+from layerscope.health import Alert
+from layerscope.model import CallEvent, StatsRows
 from layerscope.sinks._base import Records, RunInfo, RunSummary
-from layerscope.sinks._rows import StatsRows
 
 
 class MemorySink:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from layerscope.sinks._rows import StatsRows
+from layerscope.model import StatsRows
 
 if TYPE_CHECKING:
     from layerscope.sinks._base import RunInfo

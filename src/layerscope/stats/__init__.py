@@ -19,32 +19,96 @@ Examples:
     (1, 2, 1)
 """
 
-from layerscope.stats._finalize import BUILTIN_STATS, finalize
+from typing import TYPE_CHECKING
+
+from layerscope._lazy import lazy_names
+
+# What a user computing statistics by hand, or writing a sink or a custom statistic, needs,
+# and what the recorder, the writer and the readers of a run take from here.
 from layerscope.stats._histogram import (
     LOG2_BINS,
     HistogramSpec,
     LinearHistogram,
     Log2Histogram,
+    check_fits,
     log2_bin_edges,
+    parse_histogram,
 )
-from layerscope.stats._layout import Field
-from layerscope.stats._merge import merge, merge_groups
-from layerscope.stats._partials import tensor_partials
-from layerscope.stats._selection import CustomStat
+from layerscope.stats._layout import WIDTH, Field
+from layerscope.stats._selection import (
+    BUILTIN_STATS,
+    CustomStat,
+    StatSelection,
+    is_custom_stat_name,
+    parse_stats,
+)
 
-# What a user computing statistics by hand, or writing a sink or a custom statistic, needs;
-# the parsers of watch()'s arguments and the row's width stay in their modules.
+if TYPE_CHECKING:
+    from layerscope.stats._finalize import finalize
+    from layerscope.stats._merge import merge, merge_groups
+    from layerscope.stats._partials import (
+        group_reads,
+        kernel_name,
+        tensor_partials,
+        write_extremes,
+        write_group_extremes,
+        write_group_partials,
+        write_partials,
+    )
+    from layerscope.stats._stance import follow_eager_stance, release_eager_stance
+    from layerscope.stats._torch_kernels import own_graph_count
+
+# The kernels need torch; a reader of a stored run needs only the names above.
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "finalize": "layerscope.stats._finalize",
+        "merge": "layerscope.stats._merge",
+        "merge_groups": "layerscope.stats._merge",
+        **dict.fromkeys(
+            (
+                "group_reads",
+                "kernel_name",
+                "tensor_partials",
+                "write_extremes",
+                "write_group_extremes",
+                "write_group_partials",
+                "write_partials",
+            ),
+            "layerscope.stats._partials",
+        ),
+        "follow_eager_stance": "layerscope.stats._stance",
+        "release_eager_stance": "layerscope.stats._stance",
+        "own_graph_count": "layerscope.stats._torch_kernels",
+    },
+)
+
 __all__ = [
     "BUILTIN_STATS",
     "LOG2_BINS",
+    "WIDTH",
     "CustomStat",
     "Field",
     "HistogramSpec",
     "LinearHistogram",
     "Log2Histogram",
+    "StatSelection",
+    "check_fits",
     "finalize",
+    "follow_eager_stance",
+    "group_reads",
+    "is_custom_stat_name",
+    "kernel_name",
     "log2_bin_edges",
     "merge",
     "merge_groups",
+    "own_graph_count",
+    "parse_histogram",
+    "parse_stats",
+    "release_eager_stance",
     "tensor_partials",
+    "write_extremes",
+    "write_group_extremes",
+    "write_group_partials",
+    "write_partials",
 ]

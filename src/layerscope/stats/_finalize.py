@@ -7,23 +7,6 @@ from torch import Tensor
 
 from layerscope.stats._layout import Field
 
-#: The built-in statistics, in column order. ``hist`` comes from the histogram, the rest from
-#: the partials row.
-BUILTIN_STATS = (
-    "mean",
-    "std",
-    "min",
-    "max",
-    "absmax",
-    "l2",
-    "zero_frac",
-    "neg_frac",
-    "pos_frac",
-    "nan_count",
-    "inf_count",
-    "hist",
-)
-
 
 def finalize(rows: Tensor) -> dict[str, Tensor]:
     """Statistics of each row of merged partials.

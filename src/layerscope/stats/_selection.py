@@ -5,15 +5,32 @@ from __future__ import annotations
 import keyword
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-from torch import Tensor
+from layerscope.model import KEY_COLUMNS, META_COLUMNS
 
-from layerscope._identities import KEY_COLUMNS, META_COLUMNS
-from layerscope.stats._finalize import BUILTIN_STATS
+if TYPE_CHECKING:
+    from torch import Tensor
+
+#: The built-in statistics, in column order. ``hist`` comes from the histogram, the rest from
+#: the partials row.
+BUILTIN_STATS = (
+    "mean",
+    "std",
+    "min",
+    "max",
+    "absmax",
+    "l2",
+    "zero_frac",
+    "neg_frac",
+    "pos_frac",
+    "nan_count",
+    "inf_count",
+    "hist",
+)
 
 #: A custom statistic: takes the detached tensor as recorded, returns a scalar or 1-D tensor.
-CustomStat = Callable[[Tensor], "Tensor | float | int"]
+CustomStat = Callable[["Tensor"], "Tensor | float | int"]
 
 # Columns of the stored stats table that no ``StatsRows`` holds: Parquet keeps a histogram's counts
 # trimmed, from slot ``hist_lo`` on (store/_arrow.py, which imports pyarrow, so not from there).

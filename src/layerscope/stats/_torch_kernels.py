@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 
 from layerscope._errors import LayerscopeWarning
-from layerscope._stance import compiled_allowed
 from layerscope.stats._histogram import HistogramSpec, LinearHistogram
 from layerscope.stats._layout import Field
+from layerscope.stats._stance import compiled_allowed
 
 _INF = float("inf")
 _FIELDS = tuple(Field)  # row order, as a constant torch.compile folds

@@ -5,9 +5,58 @@ it back as a ``Run``; ``runs(root)`` lists the runs under a folder. Needs
 ``layerscope[dataframe]``.
 """
 
-from layerscope.store._damage import RunFileError
-from layerscope.store._listing import runs
-from layerscope.store._reader import Run, load
-from layerscope.store._writer import ParquetStore
+from typing import TYPE_CHECKING
 
-__all__ = ["ParquetStore", "Run", "RunFileError", "load", "runs"]
+from layerscope._lazy import lazy_names
+from layerscope.store._damage import RunFileError, warn_damaged
+from layerscope.store._files import write_bytes
+from layerscope.store._layout import RUN_FILE, directory_rank, rank_directory
+from layerscope.store._listing import MISSING, UNREADABLE, holds_run, run_folders, run_row, runs
+from layerscope.store._reader import Parameters, Run, load
+
+if TYPE_CHECKING:
+    from layerscope.store._arrow import (
+        alerts_table,
+        calls_table,
+        scalars_table,
+        stats_schema,
+        stats_table,
+    )
+    from layerscope.store._writer import ParquetStore
+
+# The writer (torch) and the tables of rows (pyarrow) are imported when first used: a reader
+# of a stored run needs neither.
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "ParquetStore": "layerscope.store._writer",
+        **dict.fromkeys(
+            ("alerts_table", "calls_table", "scalars_table", "stats_schema", "stats_table"),
+            "layerscope.store._arrow",
+        ),
+    },
+)
+
+__all__ = [
+    "MISSING",
+    "RUN_FILE",
+    "UNREADABLE",
+    "Parameters",
+    "ParquetStore",
+    "Run",
+    "RunFileError",
+    "alerts_table",
+    "calls_table",
+    "directory_rank",
+    "holds_run",
+    "load",
+    "rank_directory",
+    "run_folders",
+    "run_row",
+    "runs",
+    "scalars_table",
+    "stats_schema",
+    "stats_table",
+    "warn_damaged",
+    "write_bytes",
+]

@@ -8,17 +8,18 @@ tensor spans a few dozen slots, so this keeps the store small; readers widen it 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from layerscope._identities import Identities
-from layerscope._modules import CallEvent
-from layerscope.health import Alert
-from layerscope.sinks import StatsRows
+from layerscope.model import CallEvent, Identities
+from layerscope.stats import check_fits
 from layerscope.store._arrays import float_lists, floats, lists, numeric, strings
-from layerscope.store._damage import check_fits
+
+if TYPE_CHECKING:
+    from layerscope.health import Alert
+    from layerscope.model import StatsRows
 
 # The statistics that are counts; the others are float64.
 _COUNT_STATS = frozenset(("numel", "nan_count", "inf_count"))

@@ -44,15 +44,3 @@ def warn_damaged(path: str, error: BaseException | str) -> str:
         stacklevel=4,
     )
     return reason
-
-
-def check_fits(start: int, length: int, slots: int) -> None:
-    """A ValueError unless a trimmed histogram from slot ``start`` fits in ``slots`` slots.
-
-    Only a damaged or crafted file holds one that does not: say so rather than misplace it.
-    """
-    if start < 0 or start + length > slots:
-        raise ValueError(
-            f"hist: a histogram in slots {start} to {start + length - 1} where the run's "
-            f"histogram_edges give {slots} slots: the stats files are damaged"
-        )

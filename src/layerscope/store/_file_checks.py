@@ -15,9 +15,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from layerscope._modules import ModuleInfo
-from layerscope.stats import BUILTIN_STATS, LOG2_BINS
-from layerscope.stats._selection import is_custom_stat_name
+from layerscope.model import ModuleInfo
+from layerscope.stats import BUILTIN_STATS, LOG2_BINS, is_custom_stat_name
 from layerscope.store._damage import RunFileError
 from layerscope.store._layout import SCHEMA_VERSION
 

@@ -11,8 +11,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from layerscope._identities import KEY_COLUMNS
 from layerscope._imports import require
+from layerscope.model import KEY_COLUMNS
 from layerscope.store._layout import (
     CALLS_FILE,
     MODULES_FILE,

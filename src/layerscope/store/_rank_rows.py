@@ -3,7 +3,7 @@
 The stored statistics are enough to merge exactly (up to float64 rounding): the finite count is
 ``numel - nan_count - inf_count``, ``M2 = std**2 (count - 1)``, and means, M2, extremes, counts,
 fractions, L2 norms, histograms and custom statistics merge as the live merge does (see
-``layerscope._rank_merge``). Forward and backward kinds merge over ranks; a parameter kind
+``layerscope.writer._rank_merge``). Forward and backward kinds merge over ranks; a parameter kind
 merges only where it was sharded (its rows have a ``shard``), and is the lowest rank's
 otherwise, as a replicated parameter is the same on every rank.
 """
@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from layerscope._identities import IDENTITY_COLUMNS
-from layerscope._kinds import STATE_KINDS
+from layerscope.model import IDENTITY_COLUMNS, STATE_KINDS
 
 if TYPE_CHECKING:
     import pandas

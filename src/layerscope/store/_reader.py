@@ -13,9 +13,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from layerscope._identities import KEY_COLUMNS, META_COLUMNS
 from layerscope._imports import require
-from layerscope._modules import ModuleInfo
+from layerscope.model import KEY_COLUMNS, META_COLUMNS, ModuleInfo
 from layerscope.store._damage import RunFileError, warn_damaged
 from layerscope.store._file_checks import check_modules, check_run_meta, parse_json
 from layerscope.store._layout import (
@@ -259,8 +258,7 @@ class Run:
         rank's: ``layerscope.load_capture(f"{run.path}/rank-00001/tensors")``. Needs
         ``layerscope[capture]``.
         """
-        from layerscope.tensors import SavedCapture
-        from layerscope.tensors._parts import DIRECTORY, read_parts
+        from layerscope.tensors import DIRECTORY, SavedCapture, read_parts
 
         records = read_parts(self._fs, f"{self._root}/{DIRECTORY}")
         return SavedCapture(records, {"tensors": self.meta.get("config", {}).get("tensors")})

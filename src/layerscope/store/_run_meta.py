@@ -19,14 +19,14 @@ import platform
 import socket
 import sys
 import time
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from layerscope._version import __version__
-from layerscope.sinks import RunInfo
 from layerscope.store._files import write_bytes
 from layerscope.store._layout import RUN_FILE, SCHEMA_VERSION, SEGMENTED_TABLES
+
+if TYPE_CHECKING:
+    from layerscope.sinks import RunInfo
 
 # Hidden, so that readers (which read run.json, modules.json, seg- and data- files) skip it.
 RESERVE_FILE = ".run.json.reserve"
@@ -69,7 +69,7 @@ def opening_meta(
         "world_size": world_size,
         "versions": {
             "python": platform.python_version(),
-            "torch": torch.__version__,
+            "torch": _torch_version(),
             "layerscope": _layerscope_version(),
         },
         "argv": list(sys.argv),
@@ -179,3 +179,9 @@ def _user() -> str:
 
 def _layerscope_version() -> str:
     return __version__
+
+
+def _torch_version() -> str:
+    import torch  # loaded already: a run is opened by a scope; readers never come here
+
+    return str(torch.__version__)

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from layerscope._imports import require
-from layerscope._modules import CallEvent
+from layerscope.model import CallEvent
 from layerscope.sinks import Records, RunInfo, RunSummary
 from layerscope.store._claim import check_free, check_own_directory
 from layerscope.store._files import (

@@ -12,17 +12,31 @@ from layerscope.tensors._capture_entry import capture
 from layerscope.tensors._frames import (
     TensorFrames as TensorFrames,  # frames()' result; not in __all__
 )
+from layerscope.tensors._in_run import RunTensors
+from layerscope.tensors._outlet import TensorOutlet
+from layerscope.tensors._parts import DIRECTORY, read_parts
 from layerscope.tensors._records import Record
-from layerscope.tensors._recordset import SavedCapture, load_capture
+from layerscope.tensors._recordset import RecordSet, SavedCapture, load_capture
 from layerscope.tensors._render import PCA, HeatMap, Histogram
+from layerscope.tensors._spec import TensorsSpec, parse_tensors
+from layerscope.tensors._workers import TensorWorkers, check_on_tensor
 
 __all__ = [
+    "DIRECTORY",
     "PCA",
     "Capture",
     "HeatMap",
     "Histogram",
     "Record",
+    "RecordSet",
+    "RunTensors",
     "SavedCapture",
+    "TensorOutlet",
+    "TensorWorkers",
+    "TensorsSpec",
     "capture",
+    "check_on_tensor",
     "load_capture",
+    "parse_tensors",
+    "read_parts",
 ]

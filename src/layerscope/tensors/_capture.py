@@ -22,10 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from layerscope._errors import FailureCounter, LayerscopeWarning
-from layerscope._hooks import HookHandles, in_backward
-from layerscope._kinds import Kind
-from layerscope._select import select, unwrap
-from layerscope._tree import named_tensors
+from layerscope.hooks import HookHandles, in_backward, named_tensors
+from layerscope.model import Kind, select, unwrap
 from layerscope.tensors._options import CaptureOptions
 from layerscope.tensors._records import Record, kept_bytes, kept_copy
 from layerscope.tensors._recordset import RecordSet

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from layerscope._config import check_model
-from layerscope._kinds import Kind
+from layerscope.model import Kind
 from layerscope.tensors._capture import Capture
 from layerscope.tensors._options import CaptureOptions
 from layerscope.tensors._records import Record

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from layerscope._errors import FailureCounter
-from layerscope._kinds import Kind
-from layerscope._shards import local_tensor
+from layerscope.distributed import local_tensor
+from layerscope.model import Kind
 from layerscope.tensors._capture import Capture
 from layerscope.tensors._outlet import TensorOutlet, to_host
 from layerscope.tensors._records import Record, kept_copy

@@ -10,8 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from layerscope._kinds import Kind
-from layerscope._select import Selection, check_types, compile_patterns, pattern_texts
+from layerscope.model import Kind, Selection, check_types, compile_patterns, pattern_texts
 from layerscope.tensors._records import Record
 from layerscope.tensors._reductions import Reduction, parse_reduction
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from layerscope._kinds import Kind
+from layerscope.model import Kind
 from layerscope.tensors._options import CaptureOptions
 
 # What the in-run tensors take: capture()'s kinds, and weights read at the end of a step.

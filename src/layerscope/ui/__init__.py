@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["serve", "write_report"]
+from layerscope.ui._report import report_html
+
+__all__ = ["report_html", "serve", "write_report"]
 
 
 def serve(

@@ -20,9 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from layerscope._imports import require
-from layerscope.store import Run, RunFileError
-from layerscope.store._layout import RUN_FILE, directory_rank
-from layerscope.store._listing import MISSING, UNREADABLE, holds_run, run_folders, run_row
+from layerscope.store import (
+    MISSING,
+    RUN_FILE,
+    UNREADABLE,
+    Run,
+    RunFileError,
+    directory_rank,
+    holds_run,
+    run_folders,
+    run_row,
+)
 
 
 class UnknownRunError(LookupError):

@@ -18,11 +18,9 @@ from typing import Any
 import numpy as np
 import pandas
 
-from layerscope.plots._histograms import histogram_edges, widen
-from layerscope.plots._select import PICKED_MODULES
-from layerscope.plots._value_axis import is_linear, value_axis
+from layerscope.plots import PICKED_MODULES, histogram_edges, is_linear, value_axis, widen
+from layerscope.stats import check_fits
 from layerscope.store import Run
-from layerscope.store._damage import check_fits
 from layerscope.ui._encode import integers, numbers, pack
 from layerscope.ui._heatmap import merges
 from layerscope.ui._query import Selection, check_module

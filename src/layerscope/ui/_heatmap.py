@@ -12,8 +12,7 @@ from typing import Any
 import numpy as np
 import pandas
 
-from layerscope.plots._images import LOG_SCALE_STATS
-from layerscope.plots._select import PICKED_MODULES, check_stat, column
+from layerscope.plots import LOG_SCALE_STATS, PICKED_MODULES, check_stat, column
 from layerscope.store import Run
 from layerscope.ui._encode import integers, pack
 from layerscope.ui._overview import statistics

@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from layerscope.plots._images import LOG_SCALE_STATS
-from layerscope.plots._select import DEFAULT_TENSOR, PHASES
+from layerscope.plots import DEFAULT_TENSOR, LOG_SCALE_STATS, PHASES
 from layerscope.store import Run
 from layerscope.ui._encode import integers, numbers
 

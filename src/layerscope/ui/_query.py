@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from layerscope.plots._select import (
+from layerscope.plots import (
     DEFAULT_TENSOR,
     check_kind,
     check_phase,

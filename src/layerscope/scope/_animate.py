@@ -1,7 +1,7 @@
 """``layerscope.animate``: one tensor over steps as a GIF or an MP4.
 
 Here only the arguments are checked and the source is read; the drawing is in
-``layerscope.plots._animation``, imported when called, so that ``import layerscope`` does not
+``layerscope.plots.animation``, imported when called, so that ``import layerscope`` does not
 import matplotlib or numpy.
 """
 
@@ -12,13 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from layerscope._kinds import Kind
-from layerscope.tensors import PCA, HeatMap, Histogram
-from layerscope.tensors._recordset import RecordSet
+from layerscope.model import Kind
+from layerscope.tensors import PCA, HeatMap, Histogram, RecordSet
 
 if TYPE_CHECKING:
-    from layerscope._scope import Scope
-    from layerscope.plots._source import RunTables
+    from layerscope.plots import RunTables
+    from layerscope.scope._scope import Scope
     from layerscope.store import Run
 
 Renderer = HeatMap | Histogram | PCA
@@ -103,9 +102,9 @@ def animate(
         layerscope.animate(cap, "encoder.2", what="heatmap", path="encoder2.gif")
         layerscope.animate(cap, "encoder.2", what="pca", path="encoder2-pca.mp4", fps=5)
     """
-    from layerscope.plots import _animation, _video
+    from layerscope.plots import animation
 
-    name, renderer = _what(what, _animation.WHATS)
+    name, renderer = _what(what, animation.WHATS)
     if not isinstance(module, str):
         raise TypeError(f"module: expected a module name, got {type(module).__name__}")
     kind = kind.value if isinstance(kind, Kind) else kind
@@ -114,7 +113,7 @@ def animate(
     target = None
     if path is not None:
         target = Path(path)
-        if target.suffix.lower() not in _video.FORMATS:
+        if target.suffix.lower() not in animation.FORMATS:
             raise ValueError(f"path: expected a name ending in .gif or .mp4, got {str(path)!r}")
     if renderer is None:
         if isinstance(source, RecordSet):
@@ -124,17 +123,17 @@ def animate(
             )
         tables = _tables(source)
         if target is None:
-            target = _animation.default_path(getattr(tables, "path", None), module, kind, name)
-        return _animation.histogram_animation(
+            target = animation.default_path(getattr(tables, "path", None), module, kind, name)
+        return animation.histogram_animation(
             tables, module, kind, tensor, phase, steps, target, float(fps)
         )
     if target is None and isinstance(source, RecordSet):
         raise ValueError("path: a capture has no run directory; give path= (.gif or .mp4)")
     records, run_path = _whole_tensors(source, name, with_path=target is None)
     if target is None:
-        target = _animation.default_path(run_path, module, kind, name)
-    chosen = _animation.tensor_records(records, module, kind, tensor, phase, steps)
-    return _animation.tensor_animation(renderer.frames(chosen), target, float(fps))
+        target = animation.default_path(run_path, module, kind, name)
+    chosen = animation.tensor_records(records, module, kind, tensor, phase, steps)
+    return animation.tensor_animation(renderer.frames(chosen), target, float(fps))
 
 
 def _what(what: object, whats: Sequence[str]) -> tuple[str, Renderer | None]:
@@ -159,7 +158,7 @@ def _whole_tensors(
 
     A scope's run directory is looked up only ``with_path``: that reads the run.
     """
-    from layerscope._scope import Scope
+    from layerscope.scope._scope import Scope
     from layerscope.store import Run, load
 
     if isinstance(source, RecordSet):
@@ -188,7 +187,7 @@ def _whole_tensors(
 
 def _tables(source: Run | Scope | str | os.PathLike[str]) -> RunTables:
     """What a run's statistics are read through: a loaded run, a scope's, or a run's path."""
-    from layerscope._scope import Scope
+    from layerscope.scope._scope import Scope
     from layerscope.store import Run, load
 
     if isinstance(source, Scope):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any, NamedTuple
 
-from layerscope._kinds import Kind
+from layerscope.model._kinds import Kind
 
 KEY_COLUMNS = ("step", "phase", "rank", "module", "module_type", "kind", "tensor", "call")
 META_COLUMNS = ("sentinel", "dtype", "shape", "shard", "numel")

@@ -18,8 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from layerscope.stats._layout import WIDTH, Field
-from layerscope.stats._partials import write_extremes, write_group_extremes
+from layerscope.stats import WIDTH, Field, write_extremes, write_group_extremes
 
 
 @dataclass(slots=True)

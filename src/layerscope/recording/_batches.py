@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from layerscope._buffer import Arrived, HostCopy
-from layerscope._readings import Readings
+from layerscope.recording._buffer import Arrived, HostCopy
+from layerscope.recording._readings import Readings
 
 
 class Extreme(NamedTuple):

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from layerscope._steps import StepClock
-from layerscope.stats._torch_kernels import own_graph_count
+from layerscope.hooks._steps import StepClock
+from layerscope.stats import own_graph_count
 
 # One function that dynamo runs eagerly, for every hook on a recorded step of compiled code:
 # one function, not one per hook, so that dynamo compiles what follows its call once. Made

@@ -22,16 +22,16 @@ from typing import Any
 
 import torch
 
-from layerscope._batches import Batch, arrive
 from layerscope._errors import FailureCounter
-from layerscope._identities import Identities
-from layerscope._merging import Merged, finalize_merged, merge_batches, split_merged
-from layerscope._rank_merge import RankMerge
-from layerscope._ranks import ProcessRank
-from layerscope._sentinel_rows import SentinelCarry, sentinel_rows
+from layerscope.distributed import ProcessRank
 from layerscope.health import HealthMonitor
-from layerscope.sinks import FanOut, Records, RunSummary, StatsRows
-from layerscope.stats._selection import StatSelection
+from layerscope.model import Identities, StatsRows
+from layerscope.recording import Batch, arrive
+from layerscope.sinks import FanOut, Records, RunSummary
+from layerscope.stats import StatSelection
+from layerscope.writer._merging import Merged, finalize_merged, merge_batches, split_merged
+from layerscope.writer._rank_merge import RankMerge
+from layerscope.writer._sentinel_rows import SentinelCarry, sentinel_rows
 
 # Batches, and readings in them, that wait for the writer at most: a bound on the host memory
 # they hold (a reading's row of partials and log2 histogram is 2 KB).

@@ -15,16 +15,20 @@ from torch import nn
 
 from layerscope._errors import FailureCounter
 from layerscope._imports import require
-from layerscope._ranks import ProcessRank
-from layerscope.tensors import Record, SavedCapture
-from layerscope.tensors._in_run import RunTensors
-from layerscope.tensors._outlet import TensorOutlet
-from layerscope.tensors._parts import DIRECTORY, read_parts
-from layerscope.tensors._spec import TensorsSpec
+from layerscope.distributed import ProcessRank
+from layerscope.tensors import (
+    DIRECTORY,
+    Record,
+    RunTensors,
+    SavedCapture,
+    TensorOutlet,
+    TensorsSpec,
+    read_parts,
+)
 
 if TYPE_CHECKING:
     from layerscope.store import ParquetStore
-    from layerscope.tensors._workers import TensorWorkers
+    from layerscope.tensors import TensorWorkers
 
 # What may wait for the workers: enough for the seconds a spawned worker takes to start,
 # bounded in bytes for big tensors.
@@ -59,7 +63,7 @@ class WholeTensors:
             self._root = root.rstrip("/")
         self.workers: TensorWorkers | None = None
         if on_tensor is not None:
-            from layerscope.tensors._workers import TensorWorkers
+            from layerscope.tensors import TensorWorkers
 
             self.workers = TensorWorkers(
                 on_tensor,
@@ -122,14 +126,14 @@ class WholeTensors:
             self.workers.close(10.0 if timeout is None else timeout)
 
     def _write(self, name: str, payload: bytes) -> None:
-        from layerscope.store._files import write_bytes
+        from layerscope.store import write_bytes
 
         path = f"{self._rank_place()}/{name}"
         self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         write_bytes(self._fs, path, payload)
 
     def _rank_place(self) -> str:
-        from layerscope.store._layout import rank_directory
+        from layerscope.store import rank_directory
 
         return f"{self._root}/{rank_directory(self._place.rank)}".rstrip("/")
 
@@ -137,7 +141,7 @@ class WholeTensors:
         """Where callbacks write: this rank's place in the run, if on the local disk."""
         if self._fs is None or "file" not in _protocols(self._fs):
             return None
-        from layerscope.store._layout import rank_directory
+        from layerscope.store import rank_directory
 
         # The rank if known by now; a process group made after watch() is not waited for.
         known = self._place.peek()

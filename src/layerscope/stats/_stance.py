@@ -23,7 +23,7 @@ _FORCED = "force_eager"
 _holders: set[int] = set()  # the scopes that want recorded steps eager now
 
 
-def follow(holder: object, records: bool) -> None:
+def follow_eager_stance(holder: object, records: bool) -> None:
     """``holder`` (a scope's hooks) is on a step that ``records``, or not: set the stance.
 
     Does nothing until dynamo is loaded: uncompiled code does not care.
@@ -45,9 +45,9 @@ def follow(holder: object, records: bool) -> None:
             torch.compiler.set_stance("default")
 
 
-def release(holder: object) -> None:
+def release_eager_stance(holder: object) -> None:
     """``holder`` is closing: it wants no stance any more."""
-    follow(holder, False)
+    follow_eager_stance(holder, False)
 
 
 @contextlib.contextmanager

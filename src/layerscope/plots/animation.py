@@ -19,7 +19,7 @@ import numpy as np
 from layerscope.plots._histograms import histogram_edges, layer_counts, read_histograms
 from layerscope.plots._select import DEFAULT_TENSOR, check_kind, check_phase
 from layerscope.plots._value_axis import ValueAxis, mark_value_axis, value_axis
-from layerscope.plots._video import write_video
+from layerscope.plots._video import FORMATS, write_video
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -29,6 +29,15 @@ if TYPE_CHECKING:
     from layerscope.tensors import Record, TensorFrames
 
 # Of whole tensors, each by a renderer of layerscope.tensors: HeatMap, PCA, Histogram.
+__all__ = [
+    "FORMATS",
+    "WHATS",
+    "default_path",
+    "histogram_animation",
+    "tensor_animation",
+    "tensor_records",
+]
+
 TENSOR_WHATS = ("heatmap", "pca", "values")
 WHATS = ("histogram", *TENSOR_WHATS)
 FRAME_SIZE = (6.4, 3.6)  # inches, at 80 dpi: 512 x 288 pixels

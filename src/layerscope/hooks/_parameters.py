@@ -25,14 +25,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from layerscope._cost import CostMeter
-from layerscope._hooks import HookHandles, queue_at_backward_end, weak_hook
-from layerscope._kinds import Kind
-from layerscope._optimizers import owned_by, step_held_back
-from layerscope._recorder import GroupEntry, Owner, Recorder, Target
-from layerscope._shards import local_tensor, shard_label
-from layerscope._steps import StepClock
-from layerscope._updates import UpdateSnapshot
+from layerscope.distributed import local_tensor, shard_label
+from layerscope.hooks._cost import CostMeter
+from layerscope.hooks._handles import HookHandles, queue_at_backward_end, weak_hook
+from layerscope.hooks._optimizers import owned_by, step_held_back
+from layerscope.hooks._steps import StepClock
+from layerscope.hooks._updates import UpdateSnapshot
+from layerscope.model import Kind
+from layerscope.recording import GroupEntry, Owner, Recorder, Target
 
 TRAIN = "train"
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from layerscope.model._modules import clean_name
+
 # Pure containers: their output is a child's output, or they have no forward at all.
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
-# Name segments that wrappers insert; they are dropped from the names a person sees.
-_WRAPPER_SEGMENTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -41,13 +41,6 @@ def is_compiled(model: nn.Module, root: nn.Module) -> bool:
             return True
         wrapper = getattr(wrapper, "module", None)
     return getattr(root, "_compiled_call_impl", None) is not None
-
-
-def clean_name(name: str) -> str:
-    """``named_modules()`` name without the segments wrappers insert."""
-    if not any(segment in name for segment in _WRAPPER_SEGMENTS):
-        return name
-    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
 
 
 def compile_patterns(value: object, argument: str) -> tuple[re.Pattern[str], ...]:
@@ -124,6 +117,17 @@ def select(model: nn.Module, selection: Selection) -> Iterator[tuple[str, nn.Mod
         name = clean_name(raw_name)
         if selection.picks(name, module):
             yield name, module
+
+
+def selected(model: nn.Module, selection: Selection) -> list[tuple[str, nn.Module]]:
+    """``select``'s modules, at least one: a ValueError says which arguments chose none."""
+    targets = list(select(model, selection))
+    if not targets:
+        raise ValueError(
+            f"no module selected: include={pattern_texts(selection.include)}, "
+            f"exclude={pattern_texts(selection.exclude)}, types={selection.types}"
+        )
+    return targets
 
 
 def device_type(model: nn.Module) -> str:

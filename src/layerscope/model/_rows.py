@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from layerscope._identities import FORM_COLUMNS, IDENTITY_COLUMNS, Identities
+from layerscope.model._identities import FORM_COLUMNS, IDENTITY_COLUMNS, Identities
 
 
 @dataclass(slots=True)

@@ -11,9 +11,7 @@ the copy, merges, finalises and hands the rows to the sinks.
 from __future__ import annotations
 
 import time
-import uuid
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -23,40 +21,43 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from layerscope import _lifecycle as lifecycle
 from layerscope._config import WatchConfig
-from layerscope._cost import CostMeter
 from layerscope._errors import FailureCounter, LayerscopeWarning
-from layerscope._frames import TABLES, memory_frame, stats_columns, stored_frame
-from layerscope._hooks import ModuleClaims
-from layerscope._identities import Identities
-from layerscope._imports import require
-from layerscope._kinds import Kind
-from layerscope._layer_hooks import LayerHooks
-from layerscope._modules import CallEvent, ModuleInfo, module_tree
-from layerscope._nonfinite_stop import nonfinite_error, stop_schedule
-from layerscope._parameters import ParameterReads, StepCall
-from layerscope._pipeline import Pipeline
-from layerscope._rank_merge import rank_merge_for
-from layerscope._ranks import ProcessRank
-from layerscope._recorder import Recorder, Target
-from layerscope._select import device_type, is_compiled, pattern_texts, select, unwrap
-from layerscope._steps import MicroBatchScalars, StepClock
-from layerscope._whole_tensors import WholeTensors
+from layerscope.distributed import ProcessRank
 from layerscope.health import HealthMonitor
-from layerscope.sinks import FanOut, MemorySink, RunInfo, RunSummary, Sink
-from layerscope.stats._partials import kernel_name
-from layerscope.tensors import Record, SavedCapture
-from layerscope.tensors._spec import TensorsSpec
+from layerscope.hooks import (
+    CostMeter,
+    LayerHooks,
+    MicroBatchScalars,
+    ModuleClaims,
+    ParameterReads,
+    StepCall,
+    StepClock,
+    nonfinite_error,
+    stop_schedule,
+)
+from layerscope.model import (
+    Identities,
+    Kind,
+    is_compiled,
+    module_tree,
+    selected,
+    unwrap,
+)
+from layerscope.recording import Recorder, Target
+from layerscope.scope import _lifecycle as lifecycle
+from layerscope.scope._readback import RecordedReads
+from layerscope.scope._run_info import run_summary
+from layerscope.scope._whole_tensors import WholeTensors
+from layerscope.sinks import FanOut, MemorySink, Sink
+from layerscope.tensors import Record, TensorsSpec
+from layerscope.writer import Pipeline, rank_merge_for
 
 if TYPE_CHECKING:
-    import pandas
-
-    from layerscope.plots import RunPlots
     from layerscope.store import ParquetStore
 
 
-class Scope:
+class Scope(RecordedReads):
     """Records statistics of a model's layers; made by ``layerscope.watch``.
 
     Use it as a context manager, or call ``close()``: either removes every hook. Call
@@ -97,13 +98,7 @@ class Scope:
         self._identities = Identities()
         self._held_scalars = MicroBatchScalars()  # of micro-batches accelerate held back
 
-        targets = list(select(self._root, config.selection))
-        if not targets:
-            selection = config.selection
-            raise ValueError(
-                f"no module selected: include={pattern_texts(selection.include)}, "
-                f"exclude={pattern_texts(selection.exclude)}, types={selection.types}"
-            )
+        targets = selected(self._root, config.selection)
         self._targets = [(Target(name, type(m).__name__), m) for name, m in targets]
         # Another open scope on the same modules would double every hook (a re-run cell).
         self._claims = ModuleClaims.claim([self._root, *(m for _, m in targets)], self)
@@ -122,7 +117,7 @@ class Scope:
         self._sink = FanOut([*sinks, main])
         self._started = time.time()
         try:
-            self._sink.start(self._run_info(store))
+            self._sink.start(self._run_info())
         except BaseException:
             self._claims.release()
             raise
@@ -199,36 +194,6 @@ class Scope:
         """The step in progress: training forwards and backwards now are recorded under it."""
         return self._clock.step
 
-    @property
-    def cost_seconds(self) -> float:
-        """Seconds layerscope has spent on the training thread so far.
-
-        That is its hooks, its reading of parameters and the start of its flushes. Work on the
-        writer thread is not counted here; on CUDA the hooks only launch kernels, so this is
-        their host-side cost. ``run.json`` keeps the total as ``cost_seconds``, and the CPU time
-        of the writer thread and of the store's file writes as ``writer_seconds``.
-        """
-        return self._meter.seconds
-
-    @property
-    def failures(self) -> int:
-        """How many times monitoring failed and was skipped (the first one also warned)."""
-        return self._failures.count
-
-    @property
-    def modules(self) -> list[ModuleInfo]:
-        """The module tree: every module's type, parameter shapes and counts, and children."""
-        return list(self._modules)
-
-    @property
-    def calls(self) -> list[CallEvent]:
-        """Enter and exit order of the watched modules' forwards in recorded steps.
-
-        The first recorded step's, then each later recorded step's whose order differs (a
-        model whose branches change between steps); each event carries its step.
-        """
-        return self._layers.calls
-
     def step(self, **scalars: float | Tensor) -> None:
         """End the training step and record scalars such as ``loss=`` or ``lr=`` for it.
 
@@ -276,49 +241,6 @@ class Scope:
         finally:
             self._meter.seconds += time.perf_counter() - start
 
-    def frame(self, table: str = "stats") -> pandas.DataFrame:
-        """What was recorded, as a pandas DataFrame (needs ``layerscope[dataframe]``).
-
-        Args:
-            table: ``"stats"`` (one row per step, phase, rank, module, kind, tensor and call),
-                ``"scalars"`` (step, name, value), ``"alerts"`` (the health rules' findings)
-                or ``"calls"`` (step, seq, event, module, call: the call order of the first
-                recorded step, and of each later one whose order differs).
-
-        Returns:
-            A new DataFrame; later steps do not change it.
-        """
-        require("pandas", "dataframe")
-        if table not in TABLES:
-            raise ValueError(f"table: expected one of {list(TABLES)}, got {table!r}")
-        self._catch_up()
-        stats = stats_columns(self.config.stats, self.config.histogram is not None)
-        if self._store is not None:
-            return stored_frame(self._store.path, table, stats, self._place.rank)
-        assert self._memory is not None  # a scope without a store keeps its rows in memory
-        return memory_frame(self._memory, table, stats)
-
-    @property
-    def plot(self) -> RunPlots:
-        """Matplotlib figures of what was recorded so far: ``scope.plot.stats()``, ...
-
-        The same figures as ``layerscope.load(path).plot``, of the run this scope writes, or
-        of its records in memory if it writes none (needs ``layerscope[plot]``). Each access
-        shows the steps recorded until then.
-        """
-        from layerscope._memory_run import MemoryRun
-        from layerscope.plots import RunPlots
-        from layerscope.store import load
-
-        self._catch_up()
-        if self._memory is not None:
-            return RunPlots(MemoryRun(self._memory))
-        assert self._store is not None  # a scope keeps its rows in memory or in a store
-        try:
-            return RunPlots(load(self._store.path))
-        except FileNotFoundError:  # nothing written yet: a rank's files come with its rows
-            return RunPlots(MemoryRun(MemorySink(), self._run_info(self._store)))
-
     def flush(self) -> None:
         """Wait until what the steps so far recorded is written to the run and every sink.
 
@@ -330,32 +252,6 @@ class Scope:
         self._pipeline.drain()
         if self._whole is not None:
             self._whole.drain()
-
-    @property
-    def tensors(self) -> SavedCapture:
-        """The whole tensors kept so far (``tensors=``), as ``layerscope.load_capture`` reads them.
-
-        Read back from the run's files, or from memory for a run without a directory; each
-        record's ``step`` is the scope's. Empty without ``tensors=``.
-        """
-        if self._whole is None:
-            return SavedCapture([], {"tensors": None})
-        return self._whole.records()  # it waits for the outlet
-
-    @property
-    def tensors_dropped(self) -> int:
-        """Whole tensors not kept: past ``max_bytes``, or while earlier steps' were written."""
-        return 0 if self._whole is None else self._whole.dropped
-
-    @property
-    def on_tensor_dropped(self) -> int:
-        """Tensors ``on_tensor`` never finished with.
-
-        Its workers were busy when they came, still had them when the scope closed (it waits
-        10 s for them), or were turned off.
-        """
-        workers = None if self._whole is None else self._whole.workers
-        return 0 if workers is None else workers.dropped + workers.abandoned
 
     def _catch_up(self) -> None:
         """Before reading what was recorded: warn of failures, write every step so far."""
@@ -405,7 +301,9 @@ class Scope:
             self._claims.release()
             if self._whole is not None:
                 self._whole.close(timeout)
-            finished = self._pipeline.close(partial(self._summary, status), timeout)
+            steps = self._clock.step + self._clock.trained  # an unfinished step counts
+            summary = partial(run_summary, status, steps, self._failures, self._meter, self._root)
+            finished = self._pipeline.close(summary, timeout)
             self._failures.warn_pending()
             self._pipeline.log_alerts()
         if not finished:
@@ -470,40 +368,6 @@ class Scope:
         first = next(self._root.parameters(), None)
         return first is not None and first.device.type != "cpu"
 
-    def _run_info(self, store: ParquetStore | None) -> RunInfo:
-        name = store.name if store is not None else f"run-{time.strftime('%Y%m%d-%H%M%S')}"
-        return RunInfo(
-            id=uuid.uuid4().hex,
-            name=name,
-            started=self._started,
-            place=self._place,
-            config={**self.config.to_dict(), "tensors": _spec_dict(self._tensors_spec)},
-            modules=self._modules,
-            histogram_edges=self.config.histogram_edges(),
-            progress=_progress_of(self._meter, weakref.ref(self._root)),
-        )
-
-    def _summary(
-        self,
-        status: str,
-        recorded_rows: int,
-        dropped_rows: int,
-        dropped_scalars: int,
-        writer_seconds: float,
-    ) -> RunSummary:
-        return RunSummary(
-            status=status,
-            ended=time.time(),
-            steps=self._clock.step + self._clock.trained,  # an unfinished step counts
-            recorded_rows=recorded_rows,
-            dropped_rows=dropped_rows,
-            dropped_scalars=dropped_scalars,
-            failures=self._failures.count,
-            cost_seconds=self._meter.seconds,
-            writer_seconds=writer_seconds,
-            kernel=kernel_name(device_type(self._root)),
-        )
-
     def _fail(self, where: str, error: BaseException) -> None:
         self._failures.record(where, error)
         self._failures.warn_pending()
@@ -511,20 +375,3 @@ class Scope:
     def _check_open(self, action: str) -> None:
         if self._closed:
             raise RuntimeError(f"{action}: this scope is closed")
-
-
-def _spec_dict(spec: TensorsSpec | None) -> dict[str, object] | None:
-    return None if spec is None else spec.to_dict()
-
-
-def _progress_of(meter: CostMeter, root: weakref.ref[nn.Module]) -> Callable[[], tuple[float, str]]:
-    """Seconds on the training thread so far and the kernel, asked at each flush.
-
-    Holds neither the scope nor the model: an open scope must not pin them (see _lifecycle).
-    """
-
-    def progress() -> tuple[float, str]:
-        model = root()
-        return meter.seconds, "" if model is None else kernel_name(device_type(model))
-
-    return progress

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
-from layerscope._select import clean_name
+# Name segments that wrappers insert; they are dropped from the names a person sees.
+_WRAPPER_SEGMENTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,3 +67,10 @@ def module_tree(model: nn.Module, watched: Collection[str]) -> list[ModuleInfo]:
             )
         )
     return tree
+
+
+def clean_name(name: str) -> str:
+    """``named_modules()`` name without the segments wrappers insert."""
+    if not any(segment in name for segment in _WRAPPER_SEGMENTS):
+        return name
+    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)

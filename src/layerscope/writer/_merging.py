@@ -15,10 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from layerscope._batches import Batch
-from layerscope._buffer import Arrived
-from layerscope._identities import Identities
-from layerscope._readings import (
+from layerscope.model import Identities, StatsRows
+from layerscope.recording import (
     BUFFER,
     FIELDS,
     FORM,
@@ -26,14 +24,13 @@ from layerscope._readings import (
     REPLACES,
     ROW,
     STEP,
+    Arrived,
+    Batch,
     CustomRef,
     Grouping,
     group_readings,
 )
-from layerscope.sinks import StatsRows
-from layerscope.stats import finalize, merge_groups
-from layerscope.stats._layout import WIDTH
-from layerscope.stats._selection import StatSelection
+from layerscope.stats import WIDTH, StatSelection, finalize, merge_groups
 
 # A custom statistic of a group being merged: numel-weighted sum, total weight, and whether the
 # function returned a 0-d tensor. A None sum marks values whose lengths disagreed.

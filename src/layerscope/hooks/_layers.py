@@ -22,17 +22,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from layerscope import _gates as gates
-from layerscope import _stance as stance
-from layerscope._cost import CostMeter
-from layerscope._hooks import HookHandles, in_backward
-from layerscope._kinds import Kind
-from layerscope._modules import CallEvent
-from layerscope._pipeline import Pipeline
-from layerscope._recorder import Recorder, Target
-from layerscope._steps import StepClock
-from layerscope._tree import named_tensors
+from layerscope.hooks import _gates as gates
+from layerscope.hooks._cost import CostMeter
+from layerscope.hooks._handles import HookHandles, in_backward
+from layerscope.hooks._steps import StepClock
+from layerscope.hooks._values import named_tensors
+from layerscope.model import CallEvent, Kind
+from layerscope.recording import Recorder, Target
 from layerscope.sinks import Records
+from layerscope.stats import follow_eager_stance, release_eager_stance
+from layerscope.writer import Pipeline
 
 TRAIN = "train"
 EVAL = "eval"
@@ -134,7 +133,7 @@ class LayerHooks:
         """Put the watched modules' hooks on, or take them off, as the clock's gates say."""
         gates.prepare_for_dynamo()
         try:
-            stance.follow(self, self._clock.step_records)
+            follow_eager_stance(self, self._clock.step_records)
         except Exception as error:  # compiled steps then record through graph breaks
             self._fail("setting torch.compile's stance", error)
         self._clock.gates_follow_passes = not self._static
@@ -147,7 +146,7 @@ class LayerHooks:
 
     def remove(self) -> None:
         """Take every hook off; safe to call twice."""
-        stance.release(self)
+        release_eager_stance(self)
         self._handles.remove()
         self._target_handles.remove()
         self._call_order_handles.remove()

@@ -12,11 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from layerscope._batches import Batch, Extreme
-from layerscope._buffer import Arrived
-from layerscope._identities import Identities
-from layerscope.sinks import StatsRows
-from layerscope.stats._selection import StatSelection
+from layerscope.model import Identities, StatsRows
+from layerscope.recording import Arrived, Batch, Extreme
+from layerscope.stats import StatSelection
 
 
 @dataclass(slots=True)

@@ -14,10 +14,9 @@ import torch
 
 from layerscope._config import WatchConfig
 from layerscope._errors import NonFiniteError
-from layerscope._identities import Identity
-from layerscope._readings import BUFFER, IDENTITY, ROW, STEP
-from layerscope._recorder import Recorder
 from layerscope._schedule import Schedule
+from layerscope.model import Identity
+from layerscope.recording import BUFFER, IDENTITY, ROW, STEP, Recorder
 
 
 def stop_schedule(config: WatchConfig) -> Schedule:

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from layerscope._imports import require
 from layerscope.sinks import MemorySink, RunInfo
+from layerscope.store import alerts_table, calls_table, scalars_table, stats_table
 
 if TYPE_CHECKING:
     import pandas
 
-    from layerscope._modules import ModuleInfo
-    from layerscope.store._reader import Parameters
+    from layerscope.model import ModuleInfo
+    from layerscope.store import Parameters
 
 
 class MemoryRun:
@@ -29,8 +30,6 @@ class MemoryRun:
 
     def __init__(self, memory: MemorySink, info: RunInfo | None = None) -> None:
         require("pyarrow", "dataframe")
-        from layerscope.store import _arrow
-
         info = info or memory.info
         if info is None:
             raise ValueError("memory: the sink was never started, so it has no run")
@@ -44,12 +43,12 @@ class MemoryRun:
             "config": info.config,
             "histogram_edges": info.histogram_edges,
         }
-        stats = [_arrow.stats_table(chunk) for chunk in memory.chunks]
+        stats = [stats_table(chunk) for chunk in memory.chunks]
         self._tables = {
             "stats": _concat(stats) if stats else _empty_stats(info),
-            "scalars": _arrow.scalars_table(list(memory.scalars), rank[0]),
-            "alerts": _arrow.alerts_table(list(memory.alerts), rank[0]),
-            "calls": _arrow.calls_table(list(memory.calls), rank[0]),
+            "scalars": scalars_table(list(memory.scalars), rank[0]),
+            "alerts": alerts_table(list(memory.alerts), rank[0]),
+            "calls": calls_table(list(memory.calls), rank[0]),
         }
 
     def __repr__(self) -> str:
@@ -97,7 +96,7 @@ def _concat(tables: list[Any]) -> Any:
 
 
 def _empty_stats(info: RunInfo) -> Any:
-    from layerscope.store._arrow import stats_schema
+    from layerscope.store import stats_schema
 
     return stats_schema(
         info.config.get("stats", ()),

@@ -28,14 +28,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from layerscope._identities import Form, Identities, Identity
-from layerscope._kinds import STATE_KINDS
-from layerscope._merging import Merged
-from layerscope.stats._layout import WIDTH, Field
+from layerscope.model import STATE_KINDS, Form, Identities, Identity
+from layerscope.stats import WIDTH, Field
+from layerscope.writer._merging import Merged
 
 if TYPE_CHECKING:
     from layerscope._config import WatchConfig
-    from layerscope._modules import ModuleInfo
+    from layerscope.model import ModuleInfo
 
 # Columns of the SUM collective besides the histogram counts, which follow them.
 _SUMMED = (Field.NUMEL, Field.COUNT, Field.ZEROS, Field.NAN, Field.INF, Field.NEG, Field.POS)

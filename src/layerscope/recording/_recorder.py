@@ -11,22 +11,25 @@ import numbers
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from layerscope._batches import Batch, Extreme
-from layerscope._buffer import DeviceRows
-from layerscope._identities import Form, Identities, Identity
-from layerscope._kinds import STATE_KINDS, Kind
-from layerscope._nested import shape_of, values_of
-from layerscope._pipeline import Pipeline
-from layerscope._readings import CustomRef, Readings
-from layerscope._shards import local_tensor, shard_label
-from layerscope.stats import CustomStat, HistogramSpec
-from layerscope.stats._partials import group_reads, write_group_partials, write_partials
+from layerscope.model import STATE_KINDS, Form, Identities, Identity, Kind
+from layerscope.recording._batches import Batch, Extreme
+from layerscope.recording._buffer import DeviceRows
+from layerscope.recording._nested import shape_of, values_of
+from layerscope.recording._readings import CustomRef, Readings
+from layerscope.recording._reads import check_strided, local_part, version_of
+from layerscope.recording._subjects import BatchOutlet, GroupEntry, Owner, Target
+from layerscope.stats import (
+    CustomStat,
+    HistogramSpec,
+    group_reads,
+    write_group_partials,
+    write_partials,
+)
 
 # A step with many forward passes (long evaluations, much gradient accumulation) flushes when
 # this many readings wait, so that device memory stays bounded; the host merges the pieces.
@@ -35,33 +38,6 @@ ROWS_PER_FLUSH = 4096
 # this many wait, or this many seconds have passed since the last flush.
 UNRECORDED_PER_FLUSH = 4096
 UNRECORDED_MAX_WAIT_SECONDS = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """A watched module."""
-
-    name: str
-    module_type: str
-
-
-@dataclass(frozen=True, slots=True)
-class Owner:
-    """A watched module owning a parameter or buffer as ``tensor``; tied ones have several."""
-
-    module: str
-    module_type: str
-    tensor: str
-
-
-class GroupEntry(NamedTuple):
-    """A tensor of a group read at once: ``record``'s arguments for it."""
-
-    target: Target
-    name: str
-    tensor: Tensor
-    also_owned_by: Sequence[Owner] = ()
-    shard: str | None = None
 
 
 class _Seen(NamedTuple):  # a NamedTuple: a frozen dataclass takes 0.7 us to make
@@ -74,11 +50,6 @@ class _Seen(NamedTuple):  # a NamedTuple: a frozen dataclass takes 0.7 us to mak
     custom: tuple[CustomRef, ...]
 
 
-def _version(tensor: Tensor) -> int | None:
-    """The tensor's version counter; None for inference tensors, which keep none."""
-    return None if tensor.is_inference() else tensor._version
-
-
 class Recorder:
     """Partials of recorded tensors, held on their devices until the next flush."""
 
@@ -87,7 +58,7 @@ class Recorder:
         histogram: HistogramSpec | None,
         custom: Mapping[str, CustomStat],
         identities: Identities,
-        pipeline: Pipeline,
+        pipeline: BatchOutlet,
         fail: Callable[[str, BaseException], None],
     ) -> None:
         self.histogram = histogram
@@ -128,11 +99,11 @@ class Recorder:
         is read as its local shard and labelled itself.
         """
         if type(tensor) is not Tensor:  # a parameter, a DTensor, another subclass
-            tensor, shard = _local(tensor, shard)
+            tensor, shard = local_part(tensor, shard)
         values = values_of(tensor)  # a nested tensor's elements, any other tensor itself
-        _check_strided(values)
+        check_strided(values)
         seen = self._seen.get(id(tensor))
-        if seen is not None and seen.tensor() is tensor and seen.version == _version(tensor):
+        if seen is not None and seen.tensor() is tensor and seen.version == version_of(tensor):
             buffer_id, index, custom = seen.buffer_id, seen.row, seen.custom
         else:
             buffer_id, rows = self._rows_on(tensor.device)
@@ -191,11 +162,11 @@ class Recorder:
             try:
                 tensor, shard = entry.tensor, entry.shard
                 if type(tensor) is not Tensor:
-                    tensor, shard = _local(tensor, shard)
+                    tensor, shard = local_part(tensor, shard)
                 if tensor.is_nested or not group_reads(tensor):
                     alone(entry)
                     continue
-                _check_strided(tensor)
+                check_strided(tensor)
                 local = GroupEntry(entry.target, entry.name, tensor, entry.also_owned_by, shard)
                 groups.setdefault((tensor.device, tensor.dtype), []).append(local)
             except Exception as error:
@@ -206,7 +177,7 @@ class Recorder:
         self, tensor: Tensor, buffer_id: int, index: int, custom: tuple[CustomRef, ...]
     ) -> None:
         """Let a later reading of ``tensor``, unchanged, share its row."""
-        version = _version(tensor)
+        version = version_of(tensor)
         if version is not None:
             self._seen[id(tensor)] = _Seen(weakref.ref(tensor), version, buffer_id, index, custom)
 
@@ -258,11 +229,11 @@ class Recorder:
         """
         shard = None
         if type(tensor) is not Tensor:
-            tensor, shard = _local(tensor, shard)
+            tensor, shard = local_part(tensor, shard)
         values = values_of(tensor)  # a nested tensor's elements, any other tensor itself
         if not values.is_floating_point() or values.numel() == 0:
             return
-        _check_strided(values)
+        check_strided(values)
         buffer_id, rows = self._rows_on(tensor.device)
         pair = rows.add_extremes(values)
         code = self._identity_code(target, kind, name, call, phase)
@@ -425,19 +396,3 @@ class Recorder:
             entry = (len(self.buffers), DeviceRows(device, slots))
             self.buffers[device] = entry
         return entry
-
-
-def _local(tensor: Tensor, shard: str | None) -> tuple[Tensor, str | None]:
-    """This process's part of ``tensor``, and the label of its shard.
-
-    Reading a DTensor whole would be a collective on the training thread, where the ranks'
-    collectives must stay in step with the unwatched run's.
-    """
-    label = shard_label(tensor)
-    return local_tensor(tensor), shard if label is None else label
-
-
-def _check_strided(tensor: Tensor) -> None:
-    """Sparse and other non-dense layouts have no memory of values to read as it is."""
-    if tensor.layout is not torch.strided:
-        raise TypeError(f"a {tensor.layout} tensor is not read: only dense ones are")

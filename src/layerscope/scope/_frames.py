@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from layerscope._identities import KEY_COLUMNS, META_COLUMNS
 from layerscope._imports import require
-from layerscope.sinks import MemorySink
-from layerscope.sinks._rows import join_columns
-from layerscope.stats._selection import StatSelection
+from layerscope.model import KEY_COLUMNS, META_COLUMNS
+from layerscope.sinks import MemorySink, join_columns
+from layerscope.stats import StatSelection
 
 if TYPE_CHECKING:
     import pandas

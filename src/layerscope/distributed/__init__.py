@@ -1,0 +1,15 @@
+"""This process's place in a distributed job, and its shard of a distributed tensor.
+
+``ProcessRank`` takes the rank and world size when first needed, never at import;
+``local_tensor`` reads a DTensor's local shard with no collective. Merging rows across ranks
+is the writer's (``layerscope.writer``).
+"""
+
+from layerscope.distributed._ranks import ProcessRank
+from layerscope.distributed._shards import local_tensor, shard_label
+
+__all__ = [
+    "ProcessRank",
+    "local_tensor",
+    "shard_label",
+]

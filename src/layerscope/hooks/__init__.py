@@ -1,0 +1,35 @@
+"""The training thread: hooks on the watched modules, the step clock, and parameter reads.
+
+Receives the model, its optimizers and the watch's configuration. ``StepClock`` says which
+step a forward, a backward or an optimizer step belongs to and whether that step records (the
+``Schedule``); gates that torch.compile traces away keep the steps between free. On a recorded
+step ``LayerHooks`` hands each activation, input and output gradient, and ``ParameterReads``
+each weight, weight gradient and optimizer update, to the ``Recorder``
+(``layerscope.recording``); on the others the gradients' sentinel reads only their extremes.
+``alerts="raise"`` stops training here, at the step of the first non-finite value.
+"""
+
+from layerscope.hooks._cost import CostMeter
+from layerscope.hooks._handles import HookHandles, ModuleClaims, in_backward
+from layerscope.hooks._layers import LayerHooks
+from layerscope.hooks._nonfinite_stop import nonfinite_error, stop_schedule
+from layerscope.hooks._optimizers import parse_optimizers
+from layerscope.hooks._parameters import ParameterReads, StepCall
+from layerscope.hooks._steps import MicroBatchScalars, StepClock
+from layerscope.hooks._values import named_tensors
+
+__all__ = [
+    "CostMeter",
+    "HookHandles",
+    "LayerHooks",
+    "MicroBatchScalars",
+    "ModuleClaims",
+    "ParameterReads",
+    "StepCall",
+    "StepClock",
+    "in_backward",
+    "named_tensors",
+    "nonfinite_error",
+    "parse_optimizers",
+    "stop_schedule",
+]

@@ -1,0 +1,94 @@
+"""The watched model as layerscope names it: what every other stage speaks of.
+
+- the module tree and one step's call order (``ModuleInfo``, ``CallEvent``), and which modules
+  a watch takes (``select``, ``unwrap``: names, regexes, types, inside DDP and compile);
+- what can be recorded of a module (``Kind``);
+- what a row of statistics is about, interned as small integers (``Identities``), and a
+  flush's rows themselves (``StatsRows``), which the writer hands the health rules and sinks.
+
+Receives nothing and hands nothing on: the hooks, the writer, the store and the readers all
+take their names from here. Reading a stored run imports this package without torch: the
+names that need it (selection, rows of tensors) are imported when first used.
+"""
+
+from typing import TYPE_CHECKING
+
+from layerscope._lazy import lazy_names
+from layerscope.model._identities import (
+    FORM_COLUMNS,
+    IDENTITY_COLUMNS,
+    KEY_COLUMNS,
+    META_COLUMNS,
+    SENTINEL_STATS,
+    Form,
+    Identities,
+    Identity,
+)
+from layerscope.model._kinds import DEFAULT_CAPTURE, STATE_KINDS, Kind, parse_capture
+from layerscope.model._modules import CallEvent, ModuleInfo, module_tree
+
+if TYPE_CHECKING:
+    from layerscope.model._rows import StatsRows, join_columns
+    from layerscope.model._select import (
+        Selection,
+        check_types,
+        compile_patterns,
+        device_type,
+        is_compiled,
+        pattern_texts,
+        select,
+        selected,
+        unwrap,
+    )
+
+_SELECT = "layerscope.model._select"
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "StatsRows": "layerscope.model._rows",
+        "join_columns": "layerscope.model._rows",
+        **dict.fromkeys(
+            (
+                "Selection",
+                "check_types",
+                "compile_patterns",
+                "device_type",
+                "is_compiled",
+                "pattern_texts",
+                "select",
+                "selected",
+                "unwrap",
+            ),
+            _SELECT,
+        ),
+    },
+)
+
+__all__ = [
+    "DEFAULT_CAPTURE",
+    "FORM_COLUMNS",
+    "IDENTITY_COLUMNS",
+    "KEY_COLUMNS",
+    "META_COLUMNS",
+    "SENTINEL_STATS",
+    "STATE_KINDS",
+    "CallEvent",
+    "Form",
+    "Identities",
+    "Identity",
+    "Kind",
+    "ModuleInfo",
+    "Selection",
+    "StatsRows",
+    "check_types",
+    "compile_patterns",
+    "device_type",
+    "is_compiled",
+    "join_columns",
+    "module_tree",
+    "parse_capture",
+    "pattern_texts",
+    "select",
+    "selected",
+    "unwrap",
+]
