@@ -1,0 +1,139 @@
+"""``vanishing_grad`` and ``exploding_grad``: gradients far too small or too large.
+
+A gradient's scale is its root mean square, so layers of different sizes compare. A layer is
+out of bounds relative to the layers after it (nearer the loss, where gradients come from) of
+the same kind at that step: ``relative`` times below or above their median (a deep sigmoid
+stack's first layers, a badly initialised stack's). A parameter's gradient is also out of
+bounds absolutely (``vanishing_below``, ``exploding_above``); an output's is not, as its units
+are the loss's as backward saw it: scaled by a GradScaler (65,536 at first) and read before
+the scaler unscales, summed or averaged over the batch. Parameter gradients are read where the
+optimizer reads them, unscaled. A step with a non-finite gradient is left to the ``nonfinite``
+rule (a step GradScaler skipped: its finite gradients are scaled too), and exactly zero
+gradients to the ``dead`` rule (no gradient flows through dead units).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Any, ClassVar
+
+from layerscope.health._alert import Alert
+from layerscope.health._episodes import Episodes
+from rowwise.readings import ModuleOrder, Reading, StepView
+
+_KINDS = {"grad": "output", "weight_grad": "parameter"}
+_ABSOLUTE = ("weight_grad",)  # the kinds with absolute bounds: those in the optimizer's units
+
+
+class Gradients:
+    """Both rules over one step's gradients (``grad`` and ``weight_grad``).
+
+    Options: ``vanishing_below`` (1e-9), ``exploding_above`` (1e3): absolute bounds on
+    parameter gradients; ``relative`` (1e3: that many times below or above the median of the
+    layers after it); ``steps`` (2 recorded steps in a row).
+    """
+
+    name = "gradients"
+    rules = ("vanishing_grad", "exploding_grad")
+    defaults: ClassVar[dict[str, Any]] = {
+        "vanishing_below": 1e-9,
+        "exploding_above": 1e3,
+        "relative": 1e3,
+        "steps": 2,
+    }
+
+    def __init__(
+        self,
+        order: ModuleOrder,
+        vanishing_below: float,
+        exploding_above: float,
+        relative: float,
+        steps: float,
+        enabled: tuple[str, ...] = rules,
+    ) -> None:
+        self._order = order
+        self._low = vanishing_below
+        self._high = exploding_above
+        self._relative = relative
+        self._enabled = enabled
+        self._episodes = {
+            rule: Episodes(patience=int(steps), recovery=int(steps)) for rule in enabled
+        }
+
+    def observe(self, view: StepView) -> list[Alert]:
+        """Alerts of one step's rows."""
+        if view.phase != "train" or view.sentinel:
+            return []
+        if any(r.nonfinite and r.kind in _KINDS for r in view.readings):
+            return []
+        alerts = []
+        for kind in _KINDS:
+            layers = sorted(
+                (
+                    (r, r.rms)
+                    for r in view.first_calls(kind)
+                    if not r.nonfinite and r.rms > 0 and (kind == "grad" or r.tensor == "weight")
+                ),
+                key=lambda layer: self._order.forward(layer[0].module),
+            )
+            # Gradients flow from the loss back: a layer is compared with those after it, whose
+            # scales are kept sorted while walking from the last layer to the first.
+            after: list[float] = []
+            for reading, rms in reversed(layers):
+                median = _median(after) if len(after) >= 2 else math.nan
+                alerts += self._judge(view, reading, rms, median, len(after))
+                bisect.insort(after, rms)
+        return alerts
+
+    def _judge(
+        self, view: StepView, reading: Reading, rms: float, median: float, layers: int
+    ) -> list[Alert]:
+        found = []
+        compare = layers >= 2  # the layers after it, of which there are ``layers``
+        for rule in self._enabled:
+            vanishing = rule == "vanishing_grad"
+            bound = self._low if vanishing else self._high
+            absolute = reading.kind in _ABSOLUTE and (rms < bound if vanishing else rms > bound)
+            ratio = rms / median
+            relative = compare and (
+                ratio < 1 / self._relative if vanishing else ratio > self._relative
+            )
+            # Hysteresis: back within a tenth of the way (in orders of magnitude) clears it.
+            near = math.log10(self._relative) / 2
+            clear = not absolute and abs(math.log10(ratio)) < near if compare else not absolute
+            holds = True if absolute or relative else (False if clear else None)
+            key = (reading.module, reading.kind, reading.tensor)
+            if not self._episodes[rule].observe(key, holds):
+                continue
+            what = "vanishing" if vanishing else "exploding"
+            how = (
+                f"its scale {rms:.3g} is {'below' if vanishing else 'above'} {bound:g}"
+                if absolute
+                else f"its scale {rms:.3g} is {ratio:.2g} times the median of the {layers} "
+                "layers after it"
+            )
+            name = reading.module or "the model"
+            found.append(
+                Alert.on(
+                    reading,
+                    rule=rule,
+                    value=rms if absolute else ratio,
+                    threshold=bound
+                    if absolute
+                    else (1 / self._relative if vanishing else self._relative),
+                    message=(
+                        f"{what} gradient at step {view.step}: the gradient of "
+                        f"{name} ({self._order.type_of(reading.module)}) "
+                        f"{_KINDS[reading.kind]} {reading.tensor} (root mean square): {how}"
+                    ),
+                )
+            )
+        return found
+
+
+def _median(ordered: list[float]) -> float:
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
