@@ -61,3 +61,8 @@ class Alert:
             threshold=threshold,
             message=message,
         )
+
+
+# An alert of a flush, with where it goes among the flush's: its view's index, then an order
+# within the rule (the order the rule judged its rows in, step by step).
+Found = tuple[int, tuple[int, ...], Alert]

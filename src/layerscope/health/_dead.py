@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from layerscope.health._alert import Alert
+from layerscope.health._alert import Alert, Found
+from layerscope.health._codes import ACTIVATION, FIRST_CALL, KIND, MODULE, PAIR, Codes
 from layerscope.health._episodes import Episodes
-from layerscope.health._readings import ModuleOrder, Reading, StepView
+from layerscope.health._keyed import followed
+from layerscope.health._readings import Flush, Reading
+from layerscope.health._small_ops import take
 
 _ADVICE = (
     "a too high learning rate, a large negative bias or a poor initialisation kills ReLU units"
 )
-# Modules that only reshape or pass on their input: zeros there are the layer before's, which
-# has its own alert.
-PASS_THROUGH = frozenset(
-    ("Flatten", "Unflatten", "Identity", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
-     "AlphaDropout", "FeatureAlphaDropout")
-)  # fmt: skip
+_MEASURES = ("zero_frac", "dead_units")
 
 
 class Dead:
@@ -40,40 +38,59 @@ class Dead:
     }
 
     def __init__(
-        self, order: ModuleOrder, threshold: float, units: float, steps: float, clear_below: float
+        self, codes: Codes, threshold: float, units: float, steps: float, clear_below: float
     ) -> None:
-        self._order = order
-        self._limits = {"zero_frac": threshold, "dead_units": units}
+        self._codes = codes
+        self._limits = (threshold, units)
         self._steps = int(steps)
         self._clear_below = clear_below
+        # Keyed by (module, tensor) id times 2 plus the measure's index.
         self._episodes = Episodes(patience=self._steps)
 
-    def observe(self, view: StepView) -> list[Alert]:
-        """Alerts of one step's rows."""
-        if view.phase != "train" or view.sentinel:
+    def observe(self, flush: Flush) -> list[Found]:
+        """Alerts of a flush's rows: those at or above a limit, and those of open episodes."""
+        if not len(flush):
             return []
-        alerts = []
-        for reading in view.first_calls("activation"):
-            if reading.nonfinite:  # the nonfinite rule's
-                continue
-            if self._order.type_of(reading.module) in PASS_THROUGH:
-                continue
-            for measure, limit in self._limits.items():
-                value = reading.get(measure)
-                if value != value:  # not kept
-                    continue
-                holds = True if value >= limit else None
-                if value < limit * self._clear_below:
-                    holds = False
-                key = (reading.module, reading.tensor, measure)
-                if self._episodes.observe(key, holds):
-                    alerts.append(self._alert(view, reading, measure, value, limit))
-        return alerts
+        rows = (
+            flush.judged_rows()
+            & (flush.field(KIND) == ACTIVATION)
+            & (flush.field(FIRST_CALL) == 1)
+            & ~flush.nonfinite  # the nonfinite rule's
+            & ~take(self._codes.passing(), flush.field(MODULE))
+        )
+        active = self._episodes.active()
+        pairs = flush.field(PAIR)
+        judged: list[tuple[int, int, int]] = []  # (view, row, measure)
+        for measure, (name, limit) in enumerate(zip(_MEASURES, self._limits, strict=True)):
+            value = flush.stats[name]
+            keys = pairs * 2 + measure
+            size = 2 * len(self._codes.pairs.values)
+            holds = rows & (value >= limit)
+            chosen = rows & followed(keys, holds, active, size) & ~value.isnan()
+            at = chosen.nonzero().flatten()
+            for view, row in zip(take(flush.view, at).tolist(), at.tolist(), strict=True):
+                judged.append((view, row, measure))
+        found: list[Found] = []
+        for view, row, measure in sorted(judged):
+            found += self._judge(flush, view, row, measure, int(pairs[row]) * 2 + measure)
+        return found
+
+    def _judge(self, flush: Flush, view: int, row: int, measure: int, key: int) -> list[Found]:
+        value = float(flush.stats[_MEASURES[measure]][row])
+        limit = self._limits[measure]
+        holds = True if value >= limit else None
+        if value < limit * self._clear_below:
+            holds = False
+        if not self._episodes.observe(key, holds):
+            return []
+        reading = flush.reading(row)
+        alert = self._alert(flush.views[view].step, reading, _MEASURES[measure], value, limit)
+        return [(view, (row, measure), alert)]
 
     def _alert(
-        self, view: StepView, reading: Reading, measure: str, value: float, limit: float
+        self, step: int, reading: Reading, measure: str, value: float, limit: float
     ) -> Alert:
-        name = f"{reading.module or 'the model'} ({self._order.type_of(reading.module)})"
+        name = f"{reading.module or 'the model'} ({self._codes.order.type_of(reading.module)})"
         if measure == "zero_frac":
             what = f"{value:.1%} of its output {reading.tensor} is exactly zero"
         else:
@@ -88,6 +105,6 @@ class Dead:
             threshold=limit,
             message=(
                 f"{name} is dying: {what}, {self._steps} recorded steps in a row up to step "
-                f"{view.step}; {_ADVICE}"
+                f"{step}; {_ADVICE}"
             ),
         )

@@ -23,6 +23,13 @@ class Episodes:
         self._clear: dict[Hashable, int] = {}  # observations in a row that cleared, when open
         self._open: set[Hashable] = set()
 
+    def active(self) -> set[Hashable]:
+        """The keys whose next observation may matter: in an episode, or holding in a row.
+
+        Any other key's observation that does not hold changes nothing.
+        """
+        return self._open | set(self._streak)
+
     def observe(self, key: Hashable, holds: bool | None) -> bool:
         """Note one observation of ``key``; True exactly when it opens an episode."""
         if holds is None:

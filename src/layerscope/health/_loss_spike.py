@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import math
-import statistics
-from collections import deque
 from typing import Any, ClassVar
 
 from layerscope.health._alert import Alert
+from layerscope.health._codes import ACTIVATION, FIRST_CALL, GRAD, KIND, SLOT, Codes
 from layerscope.health._episodes import Episodes
-from layerscope.health._readings import ModuleOrder, StepView
-
-_MOVED = 3.0  # a layer has moved when its scale is this many times off its usual one
-_HISTORY = 64  # recorded steps of each layer's scale kept
-_LOOKBACK = 5  # recorded steps before a step that say what its scale usually is
-_KINDS = ("activation", "grad")  # parameter gradients jump from batch to batch
+from layerscope.health._histories import Histories
+from layerscope.health._readings import Flush
+from layerscope.health._small_ops import take
 
 
 class LossSpike:
@@ -41,14 +37,14 @@ class LossSpike:
 
     def __init__(
         self,
-        order: ModuleOrder,
+        codes: Codes,
         scalar: str,
         sigmas: float,
         ratio: float,
         window: float,
         warmup: float,
     ) -> None:
-        self._order = order
+        self._codes = codes
         self._scalar = scalar
         self._sigmas = sigmas
         self._ratio = ratio
@@ -58,18 +54,32 @@ class LossSpike:
         self._deviation = 0.0
         self._seen = 0
         self._episodes = Episodes()
-        self._scales: dict[tuple[str, str, str], deque[tuple[int, float]]] = {}
+        self._scales = Histories()  # by (module, kind, tensor) id
 
-    def observe(self, view: StepView) -> list[Alert]:
+    def observe(self, flush: Flush) -> None:
         """Keep the layers' scales; the alerts come from the scalars."""
-        if view.phase != "train" or view.sentinel:
-            return []
-        for reading in view.readings:
-            if reading.kind in _KINDS and reading.call == 0 and reading.rms > 0:
-                key = (reading.module, reading.kind, reading.tensor)
-                history = self._scales.setdefault(key, deque(maxlen=_HISTORY))
-                history.append((view.step, reading.rms))
-        return []
+        if not len(flush):
+            return
+        kind = flush.field(KIND)
+        # Activations and output gradients: parameter gradients jump from batch to batch.
+        rows = (
+            (
+                flush.judged_rows()
+                & ((kind == ACTIVATION) | (kind == GRAD))
+                & (flush.field(FIRST_CALL) == 1)
+                & (flush.rms > 0)
+            )
+            .nonzero()
+            .flatten()
+        )
+        self._scales.append(
+            take(flush.field(SLOT), rows),
+            take(flush.view, rows),
+            take(flush.step, rows),
+            take(flush.rms, rows),
+            len(flush.views),
+            len(self._codes.slots.values),
+        )
 
     def observe_scalar(self, step: int, name: str, value: float) -> list[Alert]:
         """Alerts of one scalar."""
@@ -120,26 +130,14 @@ class LossSpike:
         ]
 
     def _moved_first(self, step: int) -> list[tuple[tuple[str, str, str], int]]:
-        """Layers whose scale jumped in the window up to ``step``, earliest first.
-
-        A jump is a recorded step whose scale is ``_MOVED`` times off the median of the few
-        recorded steps before it: a change, not the slow drift of training.
-        """
-        moved = []
-        for key, history in self._scales.items():
-            values = list(history)
-            for i, (at, rms) in enumerate(values):
-                if at <= step - self._window or at > step or i < 2:
-                    continue
-                usual = statistics.median(scale for _, scale in values[max(0, i - _LOOKBACK) : i])
-                if max(rms / usual, usual / rms) > _MOVED:
-                    moved.append((key, at, -abs(math.log(rms / usual))))
-                    break
+        """Layers whose scale jumped in the window up to ``step``, earliest first."""
+        moved = self._scales.moved(step, self._window)
         # Within a step, as the step computes: the forward pass in its order, then backward.
         moved.sort(key=lambda item: (item[1], self._when(item[0]), item[2]))
-        return [(key, at) for key, at, _ in moved]
+        names = self._codes.slots.values
+        return [(names[key], at) for key, at, _ in moved]
 
-    def _when(self, key: tuple[str, str, str]) -> tuple[int, int]:
-        module, kind, _ = key
-        place = self._order.forward(module)[1]
+    def _when(self, key: int) -> tuple[int, int]:
+        module, kind, _ = self._codes.slots.values[key]
+        place = self._codes.order.forward(module)[1]
         return (0, place) if kind == "activation" else (1, -place)

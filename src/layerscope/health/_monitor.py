@@ -11,13 +11,16 @@ import torch
 from torch import nn
 
 from layerscope.health._alert import Alert
+from layerscope.health._codes import Codes
 from layerscope.health._config import AlertsConfig
 from layerscope.health._dead import Dead
 from layerscope.health._drift import ActivationDrift
 from layerscope.health._gradients import Gradients
 from layerscope.health._loss_spike import LossSpike
 from layerscope.health._nonfinite import NonFinite
-from layerscope.health._readings import ModuleOrder, step_views
+from layerscope.health._order import ModuleOrder
+from layerscope.health._readings import read_flush
+from layerscope.health._roots import Roots
 from layerscope.health._update_ratio import UpdateRatio, left_out_of
 from layerscope.model import CallEvent, ModuleInfo, StatsRows
 
@@ -39,6 +42,8 @@ class HealthMonitor:
         left_out: frozenset[tuple[str, str]] | None = None,
     ) -> None:
         self.order = ModuleOrder(modules)
+        self._codes = Codes(self.order)
+        self._roots = Roots()
         self.seconds = 0.0  # the writer thread's time in the rules
         self.flushes = 0  # flushes whose rows the rules read
         self.rows = 0
@@ -47,16 +52,18 @@ class HealthMonitor:
         if "nonfinite" in rules:
             self._rules.append(NonFinite(self.order))
         if "dead" in rules:
-            self._rules.append(Dead(self.order, **rules["dead"]))
+            self._rules.append(Dead(self._codes, **rules["dead"]))
         gradients = [name for name in Gradients.rules if name in rules]
         if gradients:
             options = {**rules.get("vanishing_grad", {}), **rules.get("exploding_grad", {})}
-            self._rules.append(Gradients(self.order, **options, enabled=tuple(gradients)))
+            self._rules.append(Gradients(self._codes, **options, enabled=tuple(gradients)))
         if "update_ratio" in rules:
-            self._rules.append(UpdateRatio(self.order, **rules["update_ratio"], left_out=left_out))
+            self._rules.append(UpdateRatio(self._codes, **rules["update_ratio"], left_out=left_out))
         if "activation_drift" in rules:
-            self._rules.append(ActivationDrift(self.order, **rules["activation_drift"]))
-        self._loss = LossSpike(self.order, **rules["loss_spike"]) if "loss_spike" in rules else None
+            self._rules.append(ActivationDrift(self._codes, **rules["activation_drift"]))
+        self._loss = (
+            LossSpike(self._codes, **rules["loss_spike"]) if "loss_spike" in rules else None
+        )
         self._pending: list[Alert] = []
         self._lock = threading.Lock()
         self._skipped: set[int] = set()  # steps marked skipped whose rows may still come
@@ -85,17 +92,21 @@ class HealthMonitor:
         started = time.thread_time()
         self.flushes += 1
         self.rows += sum(len(chunk) for chunk in chunks)
-        alerts: list[Alert] = []
         # A step's mark comes with its rows or before them: with the rows that end the step.
         self._skipped.update(step for step, name, value in scalars if name == "skipped" and value)
-        views = step_views(chunks)
-        for view in views:
+        flush = read_flush(chunks, self._codes, self._roots)
+        for view in flush.views:
             view.skipped = view.step in self._skipped
-            for rule in self._rules:
-                alerts += rule.observe(view)
-            if self._loss is not None:
-                self._loss.observe(view)
-        recorded = [v.step for v in views if v.phase == "train" and not v.sentinel]
+        # Each rule judges the whole flush; its alerts go step by step, then rule by rule.
+        found = [
+            ((view, number, *within), alert)
+            for number, rule in enumerate(self._rules)
+            for view, within, alert in rule.observe(flush)
+        ]
+        alerts = [alert for _, alert in sorted(found, key=lambda item: item[0])]
+        if self._loss is not None:
+            self._loss.observe(flush)
+        recorded = [v.step for v in flush.views if v.judged]
         if recorded:  # a step's training rows come once
             self._skipped = {step for step in self._skipped if step > max(recorded)}
         if self._loss is not None:

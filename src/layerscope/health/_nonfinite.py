@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from layerscope.health._alert import Alert
+from layerscope.health._alert import Alert, Found
+from layerscope.health._codes import ACTIVATION, FIRST_CALL, GRAD, INPUT, KIND, WEIGHT_GRAD
 from layerscope.health._episodes import Episodes
-from layerscope.health._readings import ModuleOrder, Reading, StepView
+from layerscope.health._order import ModuleOrder
+from layerscope.health._readings import Flush, Reading
 
 # Where a step's values come from, in the order they are computed: the forward pass (its
 # inputs, then outputs), the backward pass, then what the optimizer step reads and writes.
@@ -37,29 +39,36 @@ class NonFinite:
         self._episodes = Episodes()
         self._last_seen: dict[str, int] = {}  # the last step seen of each phase
 
-    def observe(self, view: StepView) -> list[Alert]:
-        """Alerts of one step's rows."""
-        bad = [r for r in view.readings if r.nonfinite]
-        if view.skipped and all(r.kind in _BACKWARD for r in bad):
-            # GradScaler's overflow: it skipped the step and lowers its scale, by design.
-            bad = []
-        previous = self._last_seen.get(view.phase)
-        self._last_seen[view.phase] = view.step
-        if not self._episodes.observe(view.phase, bool(bad)):
+    def observe(self, flush: Flush) -> list[Found]:
+        """Alerts of a flush's rows: the steps' counts of bad rows, read in order."""
+        if not len(flush):
             return []
-        origin, how = self._origin(bad, view)
-        where = f"at step {view.step}"
-        if view.phase == "train" and previous is not None and view.step > previous + 1:
-            where = (
-                f"between steps {previous + 1} and {view.step} (the steps between were not "
-                "watched; Schedule(sentinel=True) finds the exact step)"
-            )
-        elif view.phase == "train" and previous is None and view.step > 0:
-            where = f"at step {view.step} or before (the first step watched)"
-        counts = _counts(origin)
-        message = f"first non-finite value {where} ({view.phase}): {how}{counts}"
-        return [
-            Alert.on(
+        kind = flush.field(KIND)
+        bad = flush.nonfinite
+        backward = (kind == GRAD) | (kind == WEIGHT_GRAD)
+        counts = flush.per_view(bad)
+        forward_bad = flush.per_view(bad & ~backward)
+        found: list[Found] = []
+        for index, view in enumerate(flush.views):
+            # GradScaler's overflow (only gradients bad at a skipped step): by design.
+            scaler = view.skipped and not forward_bad[index]
+            previous = self._last_seen.get(view.phase)
+            self._last_seen[view.phase] = view.step
+            if not self._episodes.observe(view.phase, counts[index] > 0 and not scaler):
+                continue
+            in_view = flush.view == index
+            rows = (bad & in_view).nonzero().flatten().tolist()
+            origin, how = self._origin([flush.reading(row) for row in rows], flush, index)
+            where = f"at step {view.step}"
+            if view.phase == "train" and previous is not None and view.step > previous + 1:
+                where = (
+                    f"between steps {previous + 1} and {view.step} (the steps between were not "
+                    "watched; Schedule(sentinel=True) finds the exact step)"
+                )
+            elif view.phase == "train" and previous is None and view.step > 0:
+                where = f"at step {view.step} or before (the first step watched)"
+            message = f"first non-finite value {where} ({view.phase}): {how}{_counts(origin)}"
+            alert = Alert.on(
                 origin,
                 rule=self.name,
                 severity="error",
@@ -69,9 +78,10 @@ class NonFinite:
                 threshold=0.0,
                 message=message,
             )
-        ]
+            found.append((index, (), alert))
+        return found
 
-    def _origin(self, bad: list[Reading], view: StepView) -> tuple[Reading, str]:
+    def _origin(self, bad: list[Reading], flush: Flush, index: int) -> tuple[Reading, str]:
         forward = sorted(
             (r for r in bad if r.kind in _FORWARD),
             key=lambda r: (r.call, r.kind != "input", self._order.forward(r.module)),
@@ -91,12 +101,14 @@ class NonFinite:
         if backward:
             first = backward[0]
             if first.kind == "grad":
-                source = self._producer(first, view)
+                source = self._producer(first, flush, index)
                 return first, (
                     f"the forward pass was finite; the gradient of {self._named(first.module)}'s "
                     f"output is the first non-finite one in backward order{source}"
                 )
-            if not any(r.kind in _FORWARD for r in view.readings):  # the gradients' sentinel
+            kind = flush.field(KIND)
+            forward_rows = (kind == INPUT) | (kind == ACTIVATION)
+            if not flush.per_view(forward_rows)[index]:  # the gradients' sentinel
                 return first, (
                     f"the gradients of {len(backward)} watched parameters are non-finite, the "
                     f"last in forward order {self._named(first.module)}'s {first.tensor} (a "
@@ -120,18 +132,22 @@ class NonFinite:
             "while its forward and backward passes were finite"
         )
 
-    def _producer(self, origin: Reading, view: StepView) -> str:
+    def _producer(self, origin: Reading, flush: Flush, index: int) -> str:
         """Which module's backward made ``origin``: the next watched one in forward order."""
-        later = sorted(
-            (r for r in view.first_calls("grad") if not r.nonfinite),
-            key=lambda r: self._order.forward(r.module),
+        clean = (
+            (flush.view == index)
+            & (flush.field(KIND) == GRAD)
+            & (flush.field(FIRST_CALL) == 1)
+            & ~flush.nonfinite
         )
-        after = [
-            r for r in later if self._order.forward(r.module) > self._order.forward(origin.module)
-        ]
+        modules = [flush.reading(row).module for row in clean.nonzero().flatten().tolist()]
+        place = self._order.forward(origin.module)
+        after = sorted(
+            (m for m in modules if self._order.forward(m) > place), key=self._order.forward
+        )
         if not after:
             return ""
-        return f": the backward of {self._named(after[0].module)} made it"
+        return f": the backward of {self._named(after[0])} made it"
 
     def _named(self, module: str) -> str:
         kind = self._order.type_of(module)

@@ -1,20 +1,32 @@
-"""What the rules read: the rows of one step and phase, and the layers' order.
+"""What the rules read: a flush's rows as columns, and any one row as a ``Reading``.
 
-Rows come from a flush's ``StatsRows`` on the writer thread: a handful of statistics per row,
-as Python floats, grouped by step and phase. A module called several times in a step has a row
-per call; the rules read its first call's, and any call's non-finite values.
+Rows come from a flush's ``StatsRows`` on the writer thread. The rules judge all of them at
+once, with a few tensor operations per flush whatever its steps; only the rows that cross a
+threshold, or whose layer is in an episode, become ``Reading`` objects, for the hysteresis and
+the message. A module called several times in a step has a row per call; the rules read its
+first call's, and any call's non-finite values. A flush holds one row per step and identity.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from layerscope.model import CallEvent, ModuleInfo, StatsRows
+import torch
+from torch import Tensor
+
+from layerscope.health._codes import BUFFER, FIELDS, INPUT, KIND, PHASE, SLOT, Codes
+from layerscope.health._roots import Roots
+from layerscope.health._small_ops import counts_by, put, take
+from layerscope.model import StatsRows
 
 # The statistics the rules use; a run that keeps fewer gets fewer alerts, never an error.
 USED = ("numel", "mean", "std", "min", "max", "absmax", "l2", "zero_frac", "nan_count", "inf_count")
+# Those read as columns (float64, NaN where not kept); ``dead_units`` is the custom statistic
+# health.dead_units, where kept.
+COLUMNS = ("numel", "mean", "std", "min", "max", "absmax", "l2", "zero_frac", "dead_units")
 
 
 class Reading:
@@ -76,89 +88,169 @@ def _nonfinite(stats: dict[str, float], sentinel: bool) -> bool:
     )
 
 
-class StepView:
-    """Every row of one step and phase that a flush brought."""
+@dataclass(slots=True)
+class View:
+    """One step and phase of a flush.
 
-    __slots__ = ("_first_calls", "phase", "readings", "sentinel", "skipped", "step")
-
-    def __init__(self, step: int, phase: str, readings: list[Reading]) -> None:
-        self.step = step
-        self.phase = phase
-        self.readings = readings
-        # Whether these are the sentinel's rows (an unrecorded step).
-        self.sentinel = bool(readings) and all(r.sentinel for r in readings)
-        # Whether the step is marked skipped (scalar ``skipped``): the model trained and the
-        # optimizer given to watch() did not step (GradScaler skipped it, or the loop never
-        # steps it). The monitor marks it, from the flush's scalars.
-        self.skipped = False
-        self._first_calls: dict[str, list[Reading]] = defaultdict(list)
-        for reading in readings:
-            if reading.call == 0:
-                self._first_calls[reading.kind].append(reading)
-
-    def first_calls(self, kind: str) -> list[Reading]:
-        """The rows of ``kind``, each tensor's first call only."""
-        return self._first_calls.get(kind, [])
-
-
-def step_views(chunks: Iterable[StatsRows]) -> list[StepView]:
-    """The rows of ``chunks`` by step and phase, oldest step first, training before eval."""
-    grouped: dict[tuple[int, str], list[Reading]] = defaultdict(list)
-    for chunk in chunks:
-        if not len(chunk):
-            continue
-        # Each identity decoded once, not once a row.
-        table = chunk.identities.identities
-        decoded = {
-            code: (i.phase, i.module, i.kind.value, i.tensor, i.call)
-            for code in set(chunk.identity.tolist())
-            for i in (table[code],)
-        }
-        names = [name for name in USED if name in chunk.stats]
-        columns = [chunk.stats[name].tolist() for name in names]
-        if "dead_units" in chunk.custom:  # the custom statistic health.dead_units, if kept
-            names.append("dead_units")
-            columns.append([math.nan if v is None else v for v in chunk.custom["dead_units"]])
-        values = zip(*columns, strict=True)
-        rows = zip(chunk.step.tolist(), chunk.identity.tolist(), values, strict=True)
-        for step, code, row in rows:
-            phase, module, kind, tensor, call = decoded[code]
-            stats = dict(zip(names, row, strict=True))
-            reading = Reading(step, phase, module, kind, tensor, call, chunk.sentinel, stats)
-            grouped[step, phase].append(reading)
-    order = sorted(grouped, key=lambda key: (key[0], key[1] != "train"))
-    return [StepView(step, phase, grouped[step, phase]) for step, phase in order]
-
-
-class ModuleOrder:
-    """Where each module's output comes in a forward pass: its exit in the call order.
-
-    The call order of a recorded step says it where layerscope logged one; until then, and for
-    modules it lacks, the order of ``named_modules()`` stands in (children after parents,
-    which is the exit order only for leaves: parents exit after their children).
+    ``sentinel``: all its rows are the sentinel's (an unrecorded step). ``skipped``: the step
+    is marked skipped (scalar ``skipped``): the model trained and the optimizer given to
+    watch() did not step; the monitor marks it, from the flush's scalars.
     """
 
-    def __init__(self, modules: Sequence[ModuleInfo]) -> None:
-        self._model_order = {info.name: i for i, info in enumerate(modules)}
-        self._types = {info.name: info.type for info in modules}
-        self._exits: dict[str, int] = {}
+    step: int
+    phase: str
+    sentinel: bool
+    skipped: bool = False
 
-    def learn(self, calls: Sequence[CallEvent]) -> None:
-        """Take the exit order of a logged call order (first calls only)."""
-        exits = [c.module for c in calls if c.event == "exit" and c.call == 0]
-        if exits:
-            self._exits = {module: i for i, module in enumerate(exits)}
+    @property
+    def judged(self) -> bool:
+        """Whether the rules of recorded training steps read it."""
+        return self.phase == "train" and not self.sentinel
 
-    def forward(self, module: str) -> tuple[int, int]:
-        """A sort key: earlier in the forward pass first."""
-        if module in self._exits:
-            return (0, self._exits[module])
-        return (1, self._model_order.get(module, len(self._model_order)))
 
-    def model(self, module: str) -> int:
-        """The module's place in ``named_modules()`` order."""
-        return self._model_order.get(module, len(self._model_order))
+@dataclass
+class Flush:
+    """A flush's rows as columns, each ``(rows,)``, and its views (steps and phases).
 
-    def type_of(self, module: str) -> str:
-        """The module's class name, or "" if unknown."""
-        return self._types.get(module, "")
+    Views come oldest step first, training before evaluation; ``view`` gives each row's.
+    ``fields`` holds each row's code fields (``Codes.of``); ``stats`` the ``COLUMNS``.
+    """
+
+    chunks: list[StatsRows]
+    views: list[View]
+    step: Tensor
+    view: Tensor
+    fields: list[Tensor]
+    sentinel: Tensor
+    nonfinite: Tensor
+    rms: Tensor
+    stats: dict[str, Tensor]
+    _ends: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.step.shape[0])
+
+    def field(self, name: int) -> Tensor:
+        """One field of every row's code (``_codes.PHASE``, ``KIND``, ...)."""
+        return self.fields[name]
+
+    def judged_rows(self) -> Tensor:
+        """Which rows belong to recorded training steps (``View.judged``)."""
+        judged = torch.tensor([view.judged for view in self.views], dtype=torch.bool)
+        return take(judged, self.view) if len(self.views) else torch.zeros(0, dtype=torch.bool)
+
+    def per_view(self, rows: Tensor) -> list[int]:
+        """How many of the rows marked in ``rows`` each view has."""
+        return counts_by(self.view, rows, len(self.views)).tolist()
+
+    def reading(self, row: int) -> Reading:
+        """Row ``row``, with its values as Python numbers."""
+        chunk_at = bisect.bisect_right(self._ends, row)
+        chunk = self.chunks[chunk_at]
+        local = row - (self._ends[chunk_at - 1] if chunk_at else 0)
+        identity = chunk.identities.identities[int(chunk.identity[local])]
+        stats = {name: chunk.stats[name][local].item() for name in USED if name in chunk.stats}
+        if "dead_units" in chunk.custom:  # the custom statistic health.dead_units, if kept
+            value = chunk.custom["dead_units"][local]
+            stats["dead_units"] = math.nan if value is None else value
+        return Reading(
+            int(chunk.step[local]),
+            identity.phase,
+            identity.module,
+            identity.kind.value,
+            identity.tensor,
+            identity.call,
+            chunk.sentinel,
+            stats,
+        )
+
+
+def read_flush(chunks: Sequence[StatsRows], codes: Codes, roots: Roots) -> Flush:
+    """The rows of ``chunks`` as columns."""
+    kept = [chunk for chunk in chunks if len(chunk)]
+    fields = [
+        [take(field, chunk.identity) for field in codes.of(chunk.identities)] for chunk in kept
+    ]
+    step = _cat([chunk.step for chunk in kept], torch.int64)
+    stats = {name: _cat([_column(chunk, name) for chunk in kept]) for name in COLUMNS}
+    flush = Flush(
+        chunks=kept,
+        views=[],
+        step=step,
+        view=torch.zeros_like(step),
+        fields=[_cat(list(field), torch.int64) for field in zip(*fields, strict=True)]
+        if fields
+        else [torch.zeros(0, dtype=torch.int64)] * FIELDS,
+        sentinel=_cat([torch.full((len(c),), c.sentinel) for c in kept], torch.bool),
+        nonfinite=_cat(
+            [_nonfinite_rows(chunk, part) for chunk, part in zip(kept, fields, strict=True)],
+            torch.bool,
+        ),
+        rms=torch.zeros(0),
+        stats=stats,
+        _ends=[int(end) for end in torch.tensor([len(c) for c in kept]).cumsum(0).tolist()],
+    )
+    # NaN where numel is not above zero
+    flush.rms = stats["l2"] / roots.of(stats["numel"], flush.field(SLOT), len(codes.slots.values))
+    if len(flush):
+        flush.views, flush.view = _views(flush, codes)
+    return flush
+
+
+def _cat(columns: list[Tensor], dtype: torch.dtype = torch.float64) -> Tensor:
+    return torch.cat(columns) if columns else torch.zeros(0, dtype=dtype)
+
+
+def _column(chunk: StatsRows, name: str) -> Tensor:
+    if name in chunk.stats:
+        return chunk.stats[name].to(torch.float64)
+    if name == "dead_units" and name in chunk.custom:
+        values = chunk.custom[name]
+        return torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
+    return torch.full((len(chunk),), math.nan, dtype=torch.float64)
+
+
+def _nonfinite_rows(chunk: StatsRows, fields: list[Tensor]) -> Tensor:
+    """``Reading.nonfinite`` of each row of ``chunk``, from its columns."""
+    stats = chunk.stats
+    rows = len(chunk)
+    if chunk.sentinel:  # extremes that are not finite, where the counts are not kept
+        numel = stats["numel"] > 0 if "numel" in stats else torch.zeros(rows, dtype=torch.bool)
+        low, high = (_column(chunk, name) for name in ("min", "max"))
+        extremes = numel & ~(torch.isfinite(low) & torch.isfinite(high))
+    else:
+        extremes = torch.zeros(rows, dtype=torch.bool)
+    nan, inf = stats.get("nan_count"), stats.get("inf_count")
+    nans = nan > 0 if nan is not None else None
+    counted = extremes
+    if nans is not None or inf is not None:
+        nothing = torch.zeros(rows, dtype=torch.bool)
+        counted = (nans if nans is not None else nothing) | (
+            inf > 0 if inf is not None else nothing
+        )
+    # An input's or a buffer's Inf is a mask: only its NaN count tells.
+    kind = fields[KIND]
+    masks = (kind == INPUT) | (kind == BUFFER)
+    return torch.where(masks, nans if nans is not None else extremes, counted)
+
+
+def _views(flush: Flush, codes: Codes) -> tuple[list[View], Tensor]:
+    """The flush's steps and phases in order, and each row's."""
+    phases = len(codes.phases.values)
+    first, last = int(flush.step.min()), int(flush.step.max())
+    key = (flush.step - first) * phases + flush.field(PHASE)
+    span = (last - first + 1) * phases
+    if span <= 4 * len(flush) + 1024:  # a lookup table beats a sort
+        present = torch.bincount(key, minlength=span).nonzero().flatten()
+        lookup = torch.full((span,), -1, dtype=torch.int64)
+        put(lookup, present, torch.arange(len(present)))
+        view = take(lookup, key)
+    else:
+        present, view = torch.unique(key, return_inverse=True)
+    recorded = counts_by(view, ~flush.sentinel, len(present)).tolist()
+    names = codes.phases.values
+    views = [
+        View(first + at // phases, names[at % phases], sentinel=not recorded[index])
+        for index, at in enumerate(present.tolist())
+    ]
+    return views, view

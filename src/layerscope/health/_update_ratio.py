@@ -19,16 +19,19 @@ noise to apply to it.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from layerscope.health._alert import Alert
+from layerscope.health._alert import Alert, Found
+from layerscope.health._codes import FIRST_CALL, KIND, PAIR, UPDATE, WEIGHT, WEIGHT_GRAD, Codes
 from layerscope.health._episodes import Episodes
-from layerscope.health._readings import ModuleOrder, Reading, StepView
+from layerscope.health._keyed import followed, latest
+from layerscope.health._readings import Flush, Reading
+from layerscope.health._small_ops import counts_by, put, take
+from layerscope.health._typical import typical_scales
 
 _SHAPE = ("mean", "std", "min", "max", "absmax", "l2")  # a weight's statistics, compared whole
 _VISIBLE = 1e-3  # a gradient this large against its weight moves it past rounding at any lr
@@ -75,14 +78,14 @@ class UpdateRatio:
 
     def __init__(
         self,
-        order: ModuleOrder,
+        codes: Codes,
         low: float,
         high: float,
         steps: float,
         warmup: float,
         left_out: frozenset[tuple[str, str]] | None = None,
     ) -> None:
-        self._order = order
+        self._codes = codes
         self._warmup = warmup
         # Parameters that need a gradient but are in no group of the optimizer watch() was
         # given; None: no optimizer was given, so unchanged weights tell instead.
@@ -90,61 +93,128 @@ class UpdateRatio:
         self._low = low
         self._high = high
         self._episodes = Episodes(patience=int(steps), recovery=int(steps))
-        self._last_weights: dict[tuple[str, str], tuple[float | None, ...]] = {}
+        # By (module, tensor) id: each weight's statistics at its last recorded step, if any.
+        self._last = torch.zeros((0, len(_SHAPE)), dtype=torch.float64)
+        self._known = torch.zeros(0, dtype=torch.bool)
+        self._left = torch.zeros(0, dtype=torch.bool)  # by (module, tensor) id: left out
 
-    def observe(self, view: StepView) -> list[Alert]:
-        """Alerts of one step's rows."""
-        if view.phase != "train" or view.sentinel:
+    def observe(self, flush: Flush) -> list[Found]:
+        """Alerts of a flush's rows: each step's weights joined with their gradients, updates."""
+        if not len(flush):
             return []
-        weights = {(r.module, r.tensor): r for r in view.first_calls("weight")}
-        grads = {(r.module, r.tensor): r for r in view.first_calls("weight_grad")}
-        updates = {(r.module, r.tensor): r for r in view.first_calls("update")}
-        shapes = {key: _shape(weight) for key, weight in weights.items()}
-        before = {key: self._last_weights.get(key) for key in weights}
-        self._last_weights.update(shapes)
-        if view.skipped:  # no optimizer step: nothing was updated
+        size, views = len(self._codes.pairs.values), len(flush.views)
+        self._grow(size)
+        judged = flush.judged_rows() & (flush.field(FIRST_CALL) == 1)
+        kind, pairs = flush.field(KIND), flush.field(PAIR)
+        weights = (judged & (kind == WEIGHT)).nonzero().flatten()
+        if not len(weights):
             return []
+        keys, view = take(pairs, weights), take(flush.view, weights)
+        place = view * size + keys  # a (step, parameter) pair's place in the tables below
+        grad = take(_rows_at(judged & (kind == WEIGHT_GRAD), flush, size), place)
+        update = take(_rows_at(judged & (kind == UPDATE), flush, size), place)
+        shapes = torch.stack([take(flush.stats[name], weights) for name in _SHAPE], dim=1)
+        # Each weight's statistics before: at its latest earlier step in the flush, or kept.
+        last = latest(view, keys, views, size)
+        before_view = torch.cat([torch.full((size, 1), -1), last[:, :-1]], dim=1)
+        before_view = take(before_view.reshape(-1), keys * views + view)
+        in_flush = before_view >= 0
+        position = torch.full((views * size,), -1, dtype=torch.int64)
+        put(position, place, torch.arange(len(weights)))
+        earlier = take(position, (before_view * size + keys).clamp(min=0)).clamp(min=0)
+        before = torch.where(in_flush[:, None], take(shapes, earlier), take(self._last, keys))
+        known = in_flush | take(self._known, keys)
+        same = known & ((before == shapes) | (before.isnan() & shapes.isnan())).all(dim=1)
+        self._keep(last[:, -1], position, shapes, size)
         # Without an optimizer, weights that changed tell that the loop updates at all.
-        changed = any(before[key] not in (None, shape) for key, shape in shapes.items())
-        typical = _median([g.rms for g in grads.values() if not g.nonfinite and g.rms > 0])
-        alerts = []
-        for key, weight in weights.items():
-            grad = grads.get(key)
-            if grad is not None and (grad.nonfinite or not grad.rms > _NEGLIGIBLE * typical):
-                continue  # non-finite: the nonfinite rule's; negligible: nothing to apply
-            unchanged = changed and before[key] == shapes[key]
-            ratio = self._ratio(key, weight, grad, updates.get(key), unchanged)
-            if ratio is None or (ratio > 0 and view.step < self._warmup):
-                continue
-            holds = ratio < self._low or ratio > self._high
-            clear = self._low * 10 <= ratio <= self._high / 10
-            if self._episodes.observe(key, True if holds else (False if clear else None)):
-                alerts.append(self._alert(view, weight, ratio))
-        return alerts
+        changed = counts_by(view, known & ~same, views) > 0
+        skipped = torch.tensor([v.skipped for v in flush.views], dtype=torch.bool)
+        ratio = self._ratios(flush, weights, grad, update, take(changed, view) & same)
+        typical = take(typical_scales(flush, judged & (kind == WEIGHT_GRAD)), view)
+        has_grad = grad >= 0
+        grad_at = grad.clamp(min=0)
+        negligible = has_grad & (
+            take(flush.nonfinite, grad_at) | ~(take(flush.rms, grad_at) > _NEGLIGIBLE * typical)
+        )
+        step = take(flush.step, weights)
+        judge = (
+            ~take(skipped, view)
+            & ~negligible
+            & ~ratio.isnan()
+            & ~((ratio > 0) & (step < self._warmup))
+        )
+        out = (ratio < self._low) | (ratio > self._high)
+        chosen = judge & followed(keys, judge & out, self._episodes.active(), size)
+        picked = chosen.nonzero().flatten()
+        found: list[Found] = []
+        columns = (
+            take(view, picked),
+            take(weights, picked),
+            take(ratio, picked),
+            take(keys, picked),
+        )
+        for at in sorted(zip(*(column.tolist() for column in columns), strict=True)):
+            found += self._judge(flush, *at)
+        return found
 
-    def _ratio(
-        self,
-        key: tuple[str, str],
-        weight: Reading,
-        grad: Reading | None,
-        update: Reading | None,
-        unchanged: bool,
-    ) -> float | None:
-        if weight.nonfinite or not weight.get("l2") > 0:
-            return None
-        if update is not None and not update.nonfinite:
-            return update.get("l2") / weight.get("l2")
+    def _ratios(
+        self, flush: Flush, weights: Tensor, grad: Tensor, update: Tensor, unchanged: Tensor
+    ) -> Tensor:
+        """Each weight's ratio; NaN where none is known."""
+        l2 = flush.stats["l2"]
+        has_update = update >= 0
+        update_at = update.clamp(min=0)
+        measured = has_update & ~take(flush.nonfinite, update_at)
         if self._left_out is not None:
-            return 0.0 if key in self._left_out else None
-        # No update measured and no optimizer known: unchanged whole statistics, while others
-        # changed, mean no step where a gradient flowed that a step would not lose in float32's
-        # rounding.
-        flowing = grad is not None and not grad.nonfinite and grad.rms > _VISIBLE * weight.rms
-        return 0.0 if flowing and unchanged else None
+            left = take(self._left_table(), take(flush.field(PAIR), weights))
+            unmeasured = torch.where(left, 0.0, math.nan)
+        else:
+            # Unchanged whole statistics, while others changed, mean no step where a gradient
+            # flowed that a step would not lose in float32's rounding.
+            grad_at = grad.clamp(min=0)
+            flowing = (
+                (grad >= 0)
+                & ~take(flush.nonfinite, grad_at)
+                & (take(flush.rms, grad_at) > _VISIBLE * take(flush.rms, weights))
+            )
+            unmeasured = torch.where(flowing & unchanged, 0.0, math.nan)
+        weight_l2 = take(l2, weights)
+        ratio = torch.where(measured, take(l2, update_at) / weight_l2, unmeasured.double())
+        valid = ~take(flush.nonfinite, weights) & (weight_l2 > 0)
+        return torch.where(valid, ratio, math.nan)
 
-    def _alert(self, view: StepView, weight: Reading, ratio: float) -> Alert:
+    def _left_table(self) -> Tensor:
+        pairs = self._codes.pairs.values
+        if len(self._left) != len(pairs):
+            left = self._left_out or frozenset()
+            self._left = torch.tensor([pair in left for pair in pairs], dtype=torch.bool)
+        return self._left
+
+    def _grow(self, size: int) -> None:
+        more = size - len(self._known)
+        if more > 0:
+            blank = torch.full((more, len(_SHAPE)), math.nan, dtype=torch.float64)
+            self._last = torch.cat([self._last, blank])
+            self._known = torch.cat([self._known, torch.zeros(more, dtype=torch.bool)])
+
+    def _keep(self, last: Tensor, position: Tensor, shapes: Tensor, size: int) -> None:
+        """Keep each weight's statistics at its latest step in the flush."""
+        keys = (last >= 0).nonzero().flatten()
+        rows = take(position, take(last, keys) * size + keys)
+        self._last.index_copy_(0, keys, take(shapes, rows))
+        put(self._known, keys, True)
+
+    def _judge(self, flush: Flush, view: int, row: int, ratio: float, key: int) -> list[Found]:
+        holds = ratio < self._low or ratio > self._high
+        clear = self._low * 10 <= ratio <= self._high / 10
+        if not self._episodes.observe(key, True if holds else (False if clear else None)):
+            return []
+        alert = self._alert(flush.views[view].step, flush.reading(row), ratio)
+        return [(view, (row,), alert)]
+
+    def _alert(self, step: int, weight: Reading, ratio: float) -> Alert:
         name = weight.module or "the model"
-        kind = self._order.type_of(weight.module)
+        kind = self._codes.order.type_of(weight.module)
         if ratio == 0.0:
             how = (
                 "the optimizer never changes it although its gradient is not zero: is it in "
@@ -160,15 +230,13 @@ class UpdateRatio:
             kind="update",
             value=ratio,
             threshold=self._low if ratio < self._low else self._high,
-            message=f"update ratio of {name} ({kind}) {weight.tensor} at step {view.step}: {how}",
+            message=f"update ratio of {name} ({kind}) {weight.tensor} at step {step}: {how}",
         )
 
 
-def _median(values: list[float]) -> float:
-    """The median of ``values``; NaN for none."""
-    return statistics.median(values) if values else math.nan
-
-
-def _shape(weight: Reading) -> tuple[float | None, ...]:
-    """A weight's statistics, compared whole; None where NaN (a one-element tensor's std)."""
-    return tuple(None if value != value else value for value in map(weight.get, _SHAPE))
+def _rows_at(rows: Tensor, flush: Flush, size: int) -> Tensor:
+    """``(views * size,)``: the row of each (view, (module, tensor) id) among ``rows``; -1."""
+    table = torch.full((len(flush.views) * size,), -1, dtype=torch.int64)
+    at = rows.nonzero().flatten()
+    put(table, take(flush.view, at) * size + take(flush.field(PAIR), at), at)
+    return table

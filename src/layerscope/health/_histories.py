@@ -1,0 +1,124 @@
+"""The recent scales of each layer, kept as rings of tensors, and which of them jumped.
+
+``loss_spike`` names the layers whose scale moved first before a spike: it keeps the last
+``HISTORY`` recorded scales of each (module, kind, tensor), appended a flush at a time, and
+reads them only when the loss spikes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from layerscope.health._keyed import earlier
+from layerscope.health._small_ops import pieces, put_at, take
+
+HISTORY = 64  # recorded steps of each layer's scale kept (a power of two: rings wrap by a mask)
+LOOKBACK = 5  # recorded steps before a step that say what its scale usually is
+MOVED = 3.0  # a layer has moved when its scale is this many times off its usual one
+
+
+class Histories:
+    """Each key's last ``HISTORY`` (step, scale) pairs, in a ring; keys in the order first seen."""
+
+    def __init__(self) -> None:
+        self._count = torch.zeros(0, dtype=torch.int64)  # appended so far, by key
+        self._steps = torch.zeros((0, HISTORY), dtype=torch.int64)
+        self._scales = torch.zeros((0, HISTORY), dtype=torch.float64)
+        self._first_seen: list[int] = []  # the keys, in the order first appended
+
+    def append(
+        self,
+        keys: Tensor,
+        views: Tensor,
+        steps: Tensor,
+        scales: Tensor,
+        view_count: int,
+        key_count: int,
+    ) -> None:
+        """Append rows (one per key and view at most), view by view."""
+        self._grow(key_count)
+        if not len(keys):
+            return
+        counts = torch.bincount(keys, minlength=key_count)
+        new = ((self._count == 0) & (counts > 0)).nonzero().flatten()
+        if len(new):  # first seen in the order of their first rows, view by view
+            first = torch.full((key_count,), len(keys) * (view_count + 1), dtype=torch.int64)
+            first.scatter_reduce_(0, keys, views * len(keys) + torch.arange(len(keys)), "amin")
+            self._first_seen += take(new, take(first, new).argsort()).tolist()
+        nth = earlier(views, keys, view_count, key_count)
+        # A key's last HISTORY rows of the flush, each at its place in the key's ring.
+        kept = (nth >= take(counts, keys) - HISTORY).nonzero().flatten()
+        place = take((take(self._count, keys) + nth) & (HISTORY - 1), kept)
+        put_at(self._steps, take(keys, kept), place, take(steps, kept))
+        put_at(self._scales, take(keys, kept), place, take(scales, kept))
+        self._count += counts
+
+    def _grow(self, size: int) -> None:
+        more = size - len(self._count)
+        if more > 0:
+            self._count = torch.cat([self._count, torch.zeros(more, dtype=torch.int64)])
+            self._steps = torch.cat([self._steps, torch.zeros((more, HISTORY), dtype=torch.int64)])
+            blank = torch.zeros((more, HISTORY), dtype=torch.float64)
+            self._scales = torch.cat([self._scales, blank])
+
+    def moved(self, step: int, window: int) -> list[tuple[int, int, float]]:
+        """The keys whose scale jumped in the ``window`` steps up to ``step``: (key, at, -|log|).
+
+        A jump is a recorded step whose scale is ``MOVED`` times off the median of the few
+        recorded steps before it: a change, not the slow drift of training. Each key's first
+        jump in the window, keys in the order first seen.
+        """
+        keys = torch.tensor(self._first_seen, dtype=torch.int64)
+        moved = []
+        for first, last in pieces(len(keys), HISTORY * LOOKBACK):
+            moved += self._moved(keys[first:last], step, window, first)
+        return moved
+
+    def _moved(
+        self, keys: Tensor, step: int, window: int, offset: int
+    ) -> list[tuple[int, int, float]]:
+        """``moved`` of some keys, the ``offset``-th first seen onwards."""
+        count = take(self._count, keys)
+        held = count.clamp(max=HISTORY)
+        # Each key's pairs oldest first: index i is the ring's place (count - held + i).
+        index = torch.arange(HISTORY)
+        places = ((count - held)[:, None] + index) & (HISTORY - 1)
+        steps = take(self._steps, keys).gather(1, places)
+        scales = take(self._scales, keys).gather(1, places)
+        candidates = (
+            (index >= 2) & (index < held[:, None]) & (steps > step - window) & (steps <= step)
+        )
+        which, at = candidates.nonzero().unbind(1)
+        if not len(which):
+            return []
+        # The usual scale: the median of up to LOOKBACK pairs before.
+        behind = at[:, None] - torch.arange(LOOKBACK, 0, -1)  # (candidates, LOOKBACK)
+        known = behind >= 0
+        flat = (which[:, None] * HISTORY + behind.clamp(min=0)).reshape(-1)
+        before = torch.where(known, take(scales.reshape(-1), flat).reshape(behind.shape), math.inf)
+        usual = _medians(before.sort(dim=1).values, known.sum(1))
+        scale = take(scales.reshape(-1), which * HISTORY + at)
+        jumped = ((scale / usual > MOVED) | (usual / scale > MOVED)).nonzero().flatten()
+        columns = [take(column, jumped).tolist() for column in (which, at, scale, usual)]
+        first: dict[int, tuple[int, float, float]] = {}
+        for key, place, value, typical in zip(*columns, strict=True):
+            first.setdefault(key, (place, value, typical))
+        return [
+            (
+                self._first_seen[offset + key],
+                int(steps[key, place]),
+                -abs(math.log(value / typical)),
+            )
+            for key, (place, value, typical) in sorted(first.items())
+        ]
+
+
+def _medians(ordered: Tensor, counts: Tensor) -> Tensor:
+    """The median of each row's first ``counts`` values (sorted), as ``statistics.median``."""
+    middle = (counts >> 1)[:, None]
+    upper = ordered.gather(1, middle).squeeze(1)
+    lower = ordered.gather(1, (middle - 1).clamp(min=0)).squeeze(1)
+    return torch.where(counts & 1 == 1, upper, (lower + upper) / 2)
