@@ -13,6 +13,7 @@ from torch import nn
 from layerscope._modules import CallEvent, ModuleInfo
 from layerscope.health._alert import Alert
 from layerscope.health._config import AlertsConfig
+from layerscope.sinks._rows import StatsRows
 from rowwise.dead import Dead
 from rowwise.drift import ActivationDrift
 from rowwise.gradients import Gradients
@@ -20,7 +21,6 @@ from rowwise.loss_spike import LossSpike
 from rowwise.nonfinite import NonFinite
 from rowwise.readings import ModuleOrder, step_views
 from rowwise.update_ratio import UpdateRatio, left_out_of
-from layerscope.sinks._rows import StatsRows
 
 _log = logging.getLogger("layerscope")
 _LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
