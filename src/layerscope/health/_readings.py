@@ -126,6 +126,7 @@ class Flush:
     rms: Tensor
     stats: dict[str, Tensor]
     _ends: list[int] = field(default_factory=list)
+    _judged: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.step.shape[0])
@@ -136,8 +137,10 @@ class Flush:
 
     def judged_rows(self) -> Tensor:
         """Which rows belong to recorded training steps (``View.judged``)."""
-        judged = torch.tensor([view.judged for view in self.views], dtype=torch.bool)
-        return take(judged, self.view) if len(self.views) else torch.zeros(0, dtype=torch.bool)
+        if self._judged is None:  # every rule asks
+            judged = torch.tensor([view.judged for view in self.views], dtype=torch.bool)
+            self._judged = take(judged, self.view) if len(self.views) else judged
+        return self._judged
 
     def per_view(self, rows: Tensor) -> list[int]:
         """How many of the rows marked in ``rows`` each view has."""
