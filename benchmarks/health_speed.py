@@ -9,14 +9,17 @@ output gradients, weights, weight gradients and updates, the steps between read 
 gradients' sentinel; a flush holds 2 recorded steps and the sentinel's rows between (13,004
 rows). Its statistics are healthy random values but for planted pathologies that every rule
 finds: a layer that dies, a parameter gradient that explodes, a parameter the optimizer leaves
-out, an activation that grows a thousandfold, a NaN, and a loss spike. The figure is the
-monitor's own thread time (``HealthMonitor.seconds``) per flush and per row, after one warm-up
-flush.
+out, an activation that grows a thousandfold, a NaN, and a loss spike. The figures are the
+monitor's own thread time (``HealthMonitor.seconds``) per flush, the median and the mean (the
+mean takes in the flush where the loss spikes and its rule reads back every layer's recent
+scales), and per row, after one warm-up flush; and the median wall time per flush.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 from collections.abc import Iterator
 
 import torch
@@ -138,9 +141,15 @@ def measure(count: int) -> dict[str, object]:
     data = list(flushes(count))
     alerts = list(monitor.observe(*data[0]))
     monitor.seconds, monitor.rows, monitor.flushes = 0.0, 0, 0  # the warm-up flush is left out
+    seconds, walls = [], []
     for chunks, scalars in data[1:]:
+        before, started = monitor.seconds, time.perf_counter()
         alerts += monitor.observe(chunks, scalars)
+        walls.append(time.perf_counter() - started)
+        seconds.append(monitor.seconds - before)
     return {
+        "median_ms": 1e3 * statistics.median(seconds),
+        "median_wall_ms": 1e3 * statistics.median(walls),
         "alerts": alerts,
         "flushes": monitor.flushes,
         "rows_per_flush": monitor.rows / monitor.flushes,
@@ -161,7 +170,8 @@ def main() -> None:
     found = sorted({(a.rule, a.module, a.step) for a in result["alerts"]})  # type: ignore[attr-defined]
     text = (
         f"{result['flushes']} flushes of {result['rows_per_flush']:.0f} rows: "
-        f"{result['per_flush_ms']:.2f} ms per flush, {result['per_row_us']:.2f} us per row. "
+        f"{result['median_ms']:.2f} ms per flush (median; mean {result['per_flush_ms']:.2f} ms, "
+        f"wall {result['median_wall_ms']:.2f} ms), {result['per_row_us']:.2f} us per row. "
         f"Alerts: " + "; ".join(f"{rule} {module} step {step}" for rule, module, step in found)
     )
     print(text)
