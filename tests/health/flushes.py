@@ -15,10 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
-from layerscope._identities import Form, Identities, Identity
-from layerscope._kinds import Kind
-from layerscope._modules import CallEvent, ModuleInfo
-from layerscope.sinks._rows import StatsRows
+from layerscope.model import CallEvent, Form, Identities, Identity, Kind, ModuleInfo, StatsRows
 
 _TYPES = ("Linear", "ReLU", "Dropout", "LayerNorm", "GELU")
 _PARAMETERS = {"Linear": ("weight", "bias"), "LayerNorm": ("weight", "bias")}

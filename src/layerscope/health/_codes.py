@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from layerscope._identities import Identities
 from layerscope.health._order import ModuleOrder
+from layerscope.model import Identities
 
 # The kinds the rules tell apart; any other is OTHER.
 KINDS = ("activation", "grad", "weight", "weight_grad", "update", "input", "buffer")

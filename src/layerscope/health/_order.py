@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from layerscope._modules import CallEvent, ModuleInfo
+from layerscope.model import CallEvent, ModuleInfo
 
 
 class ModuleOrder:

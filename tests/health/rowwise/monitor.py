@@ -10,10 +10,9 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from layerscope._modules import CallEvent, ModuleInfo
 from layerscope.health._alert import Alert
 from layerscope.health._config import AlertsConfig
-from layerscope.sinks._rows import StatsRows
+from layerscope.model import CallEvent, ModuleInfo, StatsRows
 from rowwise.dead import Dead
 from rowwise.drift import ActivationDrift
 from rowwise.gradients import Gradients

@@ -11,8 +11,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from layerscope._modules import CallEvent, ModuleInfo
-from layerscope.sinks._rows import StatsRows
+from layerscope.model import CallEvent, ModuleInfo, StatsRows
 
 # The statistics the rules use; a run that keeps fewer gets fewer alerts, never an error.
 USED = ("numel", "mean", "std", "min", "max", "absmax", "l2", "zero_frac", "nan_count", "inf_count")
