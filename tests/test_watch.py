@@ -377,7 +377,7 @@ def test_watch_pulls_in_torch_and_the_standard_library_only():
 
 
 def test_compiled_models_are_told_apart_from_other_wrappers():
-    from layerscope.model._select import is_compiled, unwrap
+    from layerscope.model import is_compiled, unwrap
 
     model = _mlp()
     compiled = torch.compile(model)  # no call: nothing is compiled yet

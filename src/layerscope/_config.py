@@ -10,7 +10,7 @@ from torch import nn
 
 from layerscope._schedule import Schedule, parse_every
 from layerscope.health import AlertsConfig, parse_alerts
-from layerscope.model import Kind, Selection, check_types, compile_patterns, parse_capture
+from layerscope.model import Kind, Selection, check_types, parse_capture, parse_rules
 from layerscope.stats import (
     HistogramSpec,
     LinearHistogram,
@@ -52,16 +52,21 @@ class WatchConfig:
         alerts: object = True,
         ranks: object = "each",
         start_step: object = 0,
+        root: nn.Module | None = None,
     ) -> WatchConfig:
-        """Validate ``watch()``'s arguments; errors name the argument and what was expected."""
+        """Validate ``watch()``'s arguments; errors name the argument and what was expected.
+
+        ``root`` is the unwrapped model: module objects in ``include`` and ``exclude`` are
+        found in it now, so that the saved config names them.
+        """
         parsed_stats = parse_stats(stats)
         spec = parse_histogram(histogram)
         return cls(
             schedule=parse_every(every),
             kinds=parse_capture(capture, has_optimizer),
             selection=Selection(
-                include=compile_patterns(include, "include"),
-                exclude=compile_patterns(exclude, "exclude"),
+                include=parse_rules(include, "include", root),
+                exclude=parse_rules(exclude, "exclude", root),
                 types=check_types(types),
             ),
             stats=parsed_stats,
@@ -86,9 +91,7 @@ class WatchConfig:
         return {
             "every": self.schedule.to_dict(),
             "capture": sorted(kind.value for kind in self.kinds),
-            "include": [pattern.pattern for pattern in self.selection.include],
-            "exclude": [pattern.pattern for pattern in self.selection.exclude],
-            "types": [cls.__name__ for cls in self.selection.types or ()],
+            **self.selection.texts(),  # include, exclude, types
             "stats": list(self.stats.builtin),
             "custom_stats": list(self.stats.custom),
             "histogram": histogram_to_dict(self.histogram),

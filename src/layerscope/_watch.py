@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -13,10 +13,13 @@ from layerscope._config import WatchConfig, check_model
 from layerscope._imports import require
 from layerscope._schedule import Schedule
 from layerscope.hooks import parse_optimizers
-from layerscope.model import DEFAULT_CAPTURE, Kind
+from layerscope.model import DEFAULT_CAPTURE, Kind, unwrap
 from layerscope.scope import Scope
 from layerscope.sinks import Sink
 from layerscope.tensors import Record, parse_tensors
+
+if TYPE_CHECKING:
+    from layerscope.model import ModuleFilter
 
 
 def watch(
@@ -25,8 +28,8 @@ def watch(
     run: object = None,
     every: int | Schedule | None = None,
     capture: Sequence[str | Kind] = DEFAULT_CAPTURE,
-    include: str | Sequence[str] | None = None,
-    exclude: str | Sequence[str] | None = None,
+    include: ModuleFilter | Sequence[ModuleFilter] | None = None,
+    exclude: ModuleFilter | Sequence[ModuleFilter] | None = None,
     types: tuple[type[nn.Module], ...] | None = None,
     stats: object = None,
     histogram: object = "log2",
@@ -56,10 +59,15 @@ def watch(
             sentinel between recorded steps where the model is on an accelerator.
         capture: kinds to record: ``activation``, ``grad``, ``weight``, ``weight_grad`` by
             default; also ``input``, ``update`` (needs ``optimizer``) and ``buffer``.
-        include: regex (or list of them) searched in qualified module names; a pattern that
-            matches a whole name picks that module even if it is a container or a block
-            without parameters of its own (``"^$"`` is the root).
-        exclude: regex (or list) of module names to leave out.
+        include: which modules to watch, one item or a list of them, any one of which may
+            pick a module: a regex searched in qualified module names (one that matches a
+            whole name picks that module even if it is a container or a block without
+            parameters of its own; ``"^$"`` is the root); a module object of the model
+            (``model.encoder``: that module itself, and the layers inside it as by default);
+            or a callable ``fn(name, module) -> bool``, called once per module here (never
+            while training), whose true answer picks that module whatever it is.
+        exclude: modules to leave out, as ``include`` takes them: a regex found in the name,
+            a module object (it and everything inside it), a callable answering true.
         types: module classes to keep.
         stats: None for every built-in statistic; a list of names to keep some; a dict
             ``{name: fn}`` to add custom ones, ``fn(tensor)`` returning a scalar or a 1-D
@@ -105,8 +113,10 @@ def watch(
     Raises:
         TypeError: ``model`` is not a module, or an argument has the wrong type.
         ValueError: a bad regex, an unknown statistic or kind, ``every <= 0``, ``update``
-            without an optimizer, a selection that matches no module, ``ranks`` not
-            ``"each"`` or ``"merge"``, or ``on_tensor`` without ``tensors``.
+            without an optimizer, a selection that matches no module, a module object in
+            ``include`` or ``exclude`` that is not the model's, a callable there that
+            raised, ``ranks`` not ``"each"`` or ``"merge"``, or ``on_tensor`` without
+            ``tensors``.
 
     Examples:
         >>> import torch, layerscope
@@ -134,6 +144,7 @@ def watch(
         alerts=alerts,
         ranks=ranks,
         start_step=start_step,
+        root=unwrap(model),
     )
     tensors_spec = parse_tensors(tensors)
     callback, worker_count = None, 0

@@ -1,7 +1,8 @@
 """The watched model as layerscope names it: what every other stage speaks of.
 
 - the module tree and one step's call order (``ModuleInfo``, ``CallEvent``), and which modules
-  a watch takes (``select``, ``unwrap``: names, regexes, types, inside DDP and compile);
+  a watch takes (``select``, ``unwrap``: regexes, predicates, module objects and types,
+  inside DDP and compile);
 - what can be recorded of a module (``Kind``);
 - what a row of statistics is about, interned as small integers (``Identities``), and a
   flush's rows themselves (``StatsRows``), which the writer hands the health rules and sinks.
@@ -29,38 +30,21 @@ from layerscope.model._modules import CallEvent, ModuleInfo, module_tree
 
 if TYPE_CHECKING:
     from layerscope.model._rows import StatsRows, join_columns
-    from layerscope.model._select import (
-        Selection,
-        check_types,
-        compile_patterns,
-        device_type,
-        is_compiled,
-        pattern_texts,
-        select,
-        selected,
-        unwrap,
-    )
+    from layerscope.model._rules import ModuleFilter, Rules, parse_rules
+    from layerscope.model._select import Selection, check_types, device_type, select, selected
+    from layerscope.model._wrappers import is_compiled, unwrap
 
-_SELECT = "layerscope.model._select"
 __getattr__ = lazy_names(
     __name__,
     {
         "StatsRows": "layerscope.model._rows",
         "join_columns": "layerscope.model._rows",
+        **dict.fromkeys(("ModuleFilter", "Rules", "parse_rules"), "layerscope.model._rules"),
         **dict.fromkeys(
-            (
-                "Selection",
-                "check_types",
-                "compile_patterns",
-                "device_type",
-                "is_compiled",
-                "pattern_texts",
-                "select",
-                "selected",
-                "unwrap",
-            ),
-            _SELECT,
+            ("Selection", "check_types", "device_type", "select", "selected"),
+            "layerscope.model._select",
         ),
+        **dict.fromkeys(("is_compiled", "unwrap"), "layerscope.model._wrappers"),
     },
 )
 
@@ -77,17 +61,18 @@ __all__ = [
     "Identities",
     "Identity",
     "Kind",
+    "ModuleFilter",
     "ModuleInfo",
+    "Rules",
     "Selection",
     "StatsRows",
     "check_types",
-    "compile_patterns",
     "device_type",
     "is_compiled",
     "join_columns",
     "module_tree",
     "parse_capture",
-    "pattern_texts",
+    "parse_rules",
     "select",
     "selected",
     "unwrap",

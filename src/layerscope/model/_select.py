@@ -1,67 +1,17 @@
-"""Which modules to watch: names, regexes, types, and the unwrapping of wrapped models."""
+"""Which modules to watch: ``include`` and ``exclude`` rules, ``types``, and the default rule."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 
 from torch import nn
 
 from layerscope.model._modules import clean_name
+from layerscope.model._rules import Match, Rules
 
 # Pure containers: their output is a child's output, or they have no forward at all.
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The module a person thinks of: inside DDP, DataParallel and ``torch.compile``."""
-    while True:
-        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
-        if isinstance(inner, nn.Module):
-            model = inner
-            continue
-        wrapped = getattr(model, "module", None)
-        if isinstance(wrapped, nn.Module) and type(model).__name__ in (
-            "DistributedDataParallel",
-            "DataParallel",
-        ):
-            model = wrapped
-            continue
-        return model
-
-
-def is_compiled(model: nn.Module, root: nn.Module) -> bool:
-    """Whether ``model`` is compiled: ``torch.compile(model)`` or ``model.compile()``."""
-    wrapper: object = model
-    for _ in range(8):  # torch.compile's OptimizedModule may sit inside DDP or outside it
-        if wrapper is root or not isinstance(wrapper, nn.Module):
-            break
-        if isinstance(getattr(wrapper, "_orig_mod", None), nn.Module):
-            return True
-        wrapper = getattr(wrapper, "module", None)
-    return getattr(root, "_compiled_call_impl", None) is not None
-
-
-def compile_patterns(value: object, argument: str) -> tuple[re.Pattern[str], ...]:
-    """``include`` / ``exclude``: a regex string, a compiled pattern, a list of them, or None."""
-    if value is None:
-        return ()
-    items: Sequence[object] = [value] if isinstance(value, str | re.Pattern) else value  # type: ignore[assignment]  # checked below
-    if not isinstance(items, Sequence):
-        raise TypeError(f"{argument}: expected a regex string or a list of them, got {value!r}")
-    patterns = []
-    for item in items:
-        if isinstance(item, re.Pattern):
-            patterns.append(item)
-        elif isinstance(item, str):
-            try:
-                patterns.append(re.compile(item))
-            except re.error as error:
-                raise ValueError(f"{argument}: invalid regex {item!r}: {error}") from None
-        else:
-            raise TypeError(f"{argument}: expected a regex string, got {item!r}")
-    return tuple(patterns)
 
 
 def check_types(types: object) -> tuple[type[nn.Module], ...] | None:
@@ -81,19 +31,24 @@ def check_types(types: object) -> tuple[type[nn.Module], ...] | None:
 class Selection:
     """The rule that picks modules; see ``select``."""
 
-    include: tuple[re.Pattern[str], ...] = ()
-    exclude: tuple[re.Pattern[str], ...] = ()
+    include: Rules = field(default_factory=lambda: Rules("include"))
+    exclude: Rules = field(default_factory=lambda: Rules("exclude"))
     types: tuple[type[nn.Module], ...] | None = None
 
+    def bind(self, root: nn.Module) -> Selection:
+        """The selection with its module objects found in ``root`` (a ValueError if not)."""
+        return replace(self, include=self.include.bind(root), exclude=self.exclude.bind(root))
+
     def picks(self, name: str, module: nn.Module) -> bool:
-        """Whether the module called ``name`` is watched."""
-        if any(pattern.search(name) for pattern in self.exclude):
+        """Whether the module called ``name`` is watched (module objects must be bound)."""
+        if self.exclude.match(name, module) is not Match.NONE:
             return False
         if self.include:
-            if any(pattern.fullmatch(name) for pattern in self.include):
-                # Named whole: picked even if it is a container or only has children.
+            found = self.include.match(name, module)
+            if found is Match.WHOLE:
+                # Meant itself: picked even if it is a container or only has children.
                 return self.types is None or isinstance(module, self.types)
-            if not any(pattern.search(name) for pattern in self.include):
+            if found is Match.NONE:
                 return False
         if self.types is not None:
             return isinstance(module, self.types)
@@ -103,19 +58,37 @@ class Selection:
         has_children = next(module.children(), None) is not None
         return owns_parameters or not has_children
 
+    def texts(self) -> dict[str, list[str]]:
+        """``include``, ``exclude`` and ``types`` as readable, JSON-ready lists of text."""
+        return {
+            "include": self.include.texts(),
+            "exclude": self.exclude.texts(),
+            "types": [cls.__name__ for cls in self.types or ()],
+        }
+
 
 def select(model: nn.Module, selection: Selection) -> Iterator[tuple[str, nn.Module]]:
     """Watched modules of ``model`` in ``named_modules()`` order, with clean names.
 
     By default every module that owns parameters or has no children, but no pure container
-    (Sequential, ModuleList, ModuleDict). ``include`` / ``exclude`` patterns are searched
-    (``re.search``) in qualified names; an ``include`` pattern that matches a whole name picks
-    that module whatever it is (``"^$"`` the root, ``"encoder"`` a block). ``types`` keeps only
-    modules of those classes.
+    (Sequential, ModuleList, ModuleDict). ``include`` and ``exclude`` take regexes, callables
+    ``fn(name, module)`` and module objects, alone or in a list (``_rules.py``). An excluded
+    module is one that any ``exclude`` item meets: a regex found in its name, a callable that
+    returns true, a module object that is it or holds it. Else, where ``include`` is given, a
+    module that an item means whole is picked whatever it is (a regex matching the whole
+    name: ``"^$"`` the root, ``"encoder"`` a block; a callable returning true; the module
+    object itself); a module that an item only lies around (a regex found in its name, a
+    module object holding it) is picked by the default rule; the others are not. ``types``
+    keeps only modules of those classes. Callables are called here, once per module: at
+    ``watch()`` or ``capture()``, never in a hook.
+
+    Raises:
+        ValueError: a module object that is not part of ``model``, or a callable that raised.
     """
+    bound = selection.bind(model)
     for raw_name, module in model.named_modules():
         name = clean_name(raw_name)
-        if selection.picks(name, module):
+        if bound.picks(name, module):
             yield name, module
 
 
@@ -123,9 +96,10 @@ def selected(model: nn.Module, selection: Selection) -> list[tuple[str, nn.Modul
     """``select``'s modules, at least one: a ValueError says which arguments chose none."""
     targets = list(select(model, selection))
     if not targets:
+        texts = selection.texts()
         raise ValueError(
-            f"no module selected: include={pattern_texts(selection.include)}, "
-            f"exclude={pattern_texts(selection.exclude)}, types={selection.types}"
+            f"no module selected: include={texts['include']}, exclude={texts['exclude']}, "
+            f"types={selection.types}"
         )
     return targets
 
@@ -135,8 +109,3 @@ def device_type(model: nn.Module) -> str:
     tensors = [*model.parameters(), *model.buffers()]
     accelerators = sorted({t.device.type for t in tensors} - {"cpu", "meta"})
     return accelerators[0] if accelerators else "cpu"
-
-
-def pattern_texts(patterns: Sequence[re.Pattern[str]]) -> list[str]:
-    """The regexes' texts, for messages."""
-    return [pattern.pattern for pattern in patterns]

@@ -6,21 +6,25 @@ The hooks and what they keep are ``_capture.Capture``'s.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from layerscope._config import check_model
-from layerscope.model import Kind
+from layerscope.model import Kind, unwrap
 from layerscope.tensors._capture import Capture
 from layerscope.tensors._options import CaptureOptions
 from layerscope.tensors._records import Record
 
+if TYPE_CHECKING:
+    from layerscope.model import ModuleFilter
+
 
 def capture(
     model: nn.Module,
-    include: str | Sequence[str] | None = None,
-    exclude: str | Sequence[str] | None = None,
+    include: ModuleFilter | Sequence[ModuleFilter] | None = None,
+    exclude: ModuleFilter | Sequence[ModuleFilter] | None = None,
     types: type[nn.Module] | tuple[type[nn.Module], ...] | None = None,
     kinds: Sequence[str | Kind] = ("activation", "grad"),
     condition: Callable[[Record], object] | None = None,
@@ -39,9 +43,14 @@ def capture(
 
     Args:
         model: any ``nn.Module`` (DDP and ``torch.compile`` wrappers are looked through).
-        include: regex (or list of them) searched in qualified module names; one that matches
-            a whole name picks that module even if it is a container (``"^$"``: the root).
-        exclude: regex (or list) of module names to leave out.
+        include: which modules, as ``watch`` takes them: a regex (or list of them) searched
+            in qualified module names, one that matches a whole name picking that module
+            even if it is a container (``"^$"``: the root); module objects of the model
+            (``model.encoder``: itself, and the layers inside it as by default); callables
+            ``fn(name, module) -> bool``, called once per module here, whose true answer
+            picks that module whatever it is; or a list mixing them.
+        exclude: modules to leave out, as ``include`` takes them: a regex found in the name,
+            a module object (it and everything inside it), a callable answering true.
         types: module classes to keep. By default every module that owns parameters or has
             no children, as ``watch`` chooses.
         kinds: some of ``"activation"`` (forward output), ``"grad"`` (gradient with respect
@@ -71,7 +80,9 @@ def capture(
     Raises:
         TypeError: ``model`` is not a module, or an argument has the wrong type.
         ValueError: a bad regex, an unknown kind or reduction, ``every < 1``,
-            ``max_bytes < 0``, an unusable device, or a selection that matches no module.
+            ``max_bytes < 0``, an unusable device, a selection that matches no module, a
+            module object in ``include`` or ``exclude`` that is not the model's, or a
+            callable there that raised.
 
     Examples:
         >>> import torch, layerscope
@@ -98,5 +109,6 @@ def capture(
         every=every,
         device=device,
         max_bytes=max_bytes,
+        root=unwrap(model),
     )
     return Capture(model, options)

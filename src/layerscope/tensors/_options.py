@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from layerscope.model import Kind, Selection, check_types, compile_patterns, pattern_texts
+from layerscope.model import Kind, Selection, check_types, parse_rules
 from layerscope.tensors._records import Record
 from layerscope.tensors._reductions import Reduction, parse_reduction
 
@@ -44,12 +44,13 @@ class CaptureOptions:
         every: object,
         device: object,
         max_bytes: object,
+        root: nn.Module | None = None,
     ) -> CaptureOptions:
-        """Check ``capture()``'s arguments."""
+        """Check ``capture()``'s arguments; module objects are found in ``root`` if given."""
         return cls(
             selection=Selection(
-                include=compile_patterns(include, "include"),
-                exclude=compile_patterns(exclude, "exclude"),
+                include=parse_rules(include, "include", root),
+                exclude=parse_rules(exclude, "exclude", root),
                 types=check_types(types),
             ),
             kinds=parse_kinds(kinds),
@@ -64,9 +65,7 @@ class CaptureOptions:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, saved with the capture."""
         return {
-            "include": pattern_texts(self.selection.include),
-            "exclude": pattern_texts(self.selection.exclude),
-            "types": [cls.__name__ for cls in self.selection.types or ()],
+            **self.selection.texts(),  # include, exclude, types
             "kinds": sorted(kind.value for kind in self.kinds),
             "condition": self.condition is not None,
             "reduction": None if self.reduction is None else self.reduction.name,
