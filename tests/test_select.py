@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +32,7 @@ from torch import nn
 import layerscope
 from layerscope.cli import main
 
+SNIPPET = Path(__file__).resolve().parents[1] / "docs" / "snippets" / "selection.py"
 LAYERS = {"encoder.0.fc", "encoder.0.act", "encoder.1.fc", "encoder.1.act", "head"}
 
 
@@ -252,3 +257,19 @@ def test_the_in_memory_config_says_the_same() -> None:
         ["<module head>", "<callable is_block>"],
         ["1"],
     )
+
+
+@pytest.mark.slow
+def test_the_docs_snippet_prints_what_the_page_shows(tmp_path) -> None:
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(
+        [sys.executable, str(SNIPPET)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == SNIPPET.with_suffix(".out").read_text()
