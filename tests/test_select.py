@@ -273,3 +273,39 @@ def test_the_docs_snippet_prints_what_the_page_shows(tmp_path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == SNIPPET.with_suffix(".out").read_text()
+
+
+DDP_SCRIPT = """
+import os, sys
+import torch.distributed as dist
+from torch import nn
+import layerscope
+
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+ddp = nn.parallel.DistributedDataParallel(model)
+with layerscope.watch(ddp, include=[ddp.module[1]], exclude=lambda n, m: n == "1.1") as scope:
+    pass
+print(sorted(info.name for info in scope.modules if info.watched))
+dist.destroy_process_group()
+"""
+
+
+def test_module_objects_are_found_inside_ddp(tmp_path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a free port for the one-process group
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = subprocess.run(
+        [sys.executable, "-c", DDP_SCRIPT, str(port)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    # "1" (a Sequential) meant whole, "1.0" inside it by default, "1.1" excluded
+    assert result.stdout.strip().splitlines()[-1] == "['1', '1.0']"
