@@ -10,6 +10,7 @@ each weight, weight gradient and optimizer update, to the ``Recorder``
 """
 
 from layerscope.hooks._cost import CostMeter
+from layerscope.hooks._grad_moment import GradientMoments
 from layerscope.hooks._handles import HookHandles, ModuleClaims, in_backward
 from layerscope.hooks._layers import LayerHooks
 from layerscope.hooks._nonfinite_stop import nonfinite_error, stop_schedule
@@ -20,6 +21,7 @@ from layerscope.hooks._values import named_tensors
 
 __all__ = [
     "CostMeter",
+    "GradientMoments",
     "HookHandles",
     "LayerHooks",
     "MicroBatchScalars",

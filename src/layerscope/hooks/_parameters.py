@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 from layerscope.distributed import local_tensor, shard_label
 from layerscope.hooks._cost import CostMeter
-from layerscope.hooks._handles import HookHandles, queue_at_backward_end, weak_hook
+from layerscope.hooks._grad_moment import after_backward_callbacks, closure_then
+from layerscope.hooks._handles import HookHandles, weak_hook
 from layerscope.hooks._optimizers import owned_by, step_held_back
 from layerscope.hooks._steps import StepClock
 from layerscope.hooks._updates import UpdateSnapshot
@@ -220,13 +221,7 @@ class ParameterReads:
         read = clock.step_records or clock.watching_gradients
         if read and not self._grad_read_queued and len(self._handles):
             self._grad_read_queued = True
-            queue_at_backward_end(self._on_backward_end)
-
-    def _on_backward_end(self) -> None:
-        # Queued at the first gradient, this runs before callbacks queued later in the pass,
-        # such as DDP's, which writes the all-reduced gradients back when its last bucket is
-        # done. Queued again from here, the read runs after all of them.
-        queue_at_backward_end(self._read_grads_after_backward)
+            after_backward_callbacks(self._read_grads_after_backward)  # after DDP's write-back
 
     def _read_grads_after_backward(self) -> None:
         self._grad_read_queued = False
@@ -249,31 +244,21 @@ class ParameterReads:
         positions = self._positions[index] = owned_by(
             self._optimizers, index, [param for param, _ in self._params]
         )
-        # args[0] is the optimizer itself; the closure follows it or comes by keyword.
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if records:
             self._meter.timed(self._snapshot, index)
             read = partial(self.read, Kind.WEIGHT_GRAD, positions)
         else:  # the gradients' sentinel
             read = partial(self.watch_grads, positions)
-        if closure is None:
+        # The closure computes the gradients (LBFGS, Lightning): read them when it returns.
+        changed = closure_then(args, kwargs, partial(self._meter.timed, read))
+        if changed is None:
             if records and self._fp16_pass:
                 # GradScaler unscaled the gradients read at backward in place, and torch's op
                 # leaves their version as it was: bump it, or that scaled reading is reused.
                 grads = [self._params[i][0].grad for i in positions]
                 torch.autograd.graph.increment_version([g for g in grads if g is not None])
             self._meter.timed(read)
-            return None
-
-        # The closure computes the gradients (LBFGS, Lightning): read them when it returns.
-        def closure_then_read() -> Any:
-            loss = closure()
-            self._meter.timed(read)
-            return loss
-
-        if "closure" in kwargs:
-            return args, {**kwargs, "closure": closure_then_read}
-        return (args[0], closure_then_read, *args[2:]), kwargs
+        return changed
 
     def _after_step(
         self, index: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
