@@ -89,22 +89,27 @@ def watch(
             passes the steps it had done, so that its steps (and ``every``) go on from there.
         tensors: whole tensors to keep in the run, beside the statistics: a regex (or list)
             of module names, or a dict with keys ``include``, ``exclude``, ``types``,
-            ``kinds`` (some of ``activation``, ``grad``, ``input``, ``weight``; default
-            activations and output gradients), ``every`` (keep them every N-th step;
-            default: the steps that record statistics), ``stash_value`` (``fn(tensor) ->
-            Tensor`` applied on the device first), ``max_bytes`` (default 1 GiB; past it
-            nothing more is kept, with one warning) and ``keep`` (False: only give them to
-            ``on_tensor``). Copied on the device in the hook, to the host at the step's end
-            without a sync, and written as safetensors under ``<run>/tensors/`` by a thread of
-            their own; ``run.tensors`` and ``scope.tensors`` read them back. Needs
-            ``layerscope[capture]``.
+            ``kinds`` (some of ``activation``, ``grad``, ``input``, ``weight_grad``,
+            ``weight``; default activations and output gradients; ``weight_grad`` is read
+            where the statistics read it, just before the optimizer's step), ``every`` (keep
+            them every N-th step; default: the steps that record statistics),
+            ``every_seconds`` (of those steps, keep one at most every so many seconds),
+            ``stash_value`` (``fn(tensor) -> Tensor`` applied on the device first),
+            ``max_bytes`` (default 1 GiB; past it nothing more is kept, with one warning) and
+            ``keep`` (False: only give them to ``on_tensor``). Copied on the device in the
+            hook, to the host at the step's end without a sync, and written as safetensors
+            under ``<run>/tensors/`` by a thread of their own; ``run.tensors`` and
+            ``scope.tensors`` read them back. Needs ``layerscope[capture]``.
         on_tensor: ``fn(record, directory)`` called in worker processes on each tensor that
-            ``tensors=`` keeps (a CPU copy): ``directory`` is this rank's place in the run
-            (None for a run in memory), where results go; ``layerscope.tensors.HeatMap()``
-            and the other renderers are such callbacks. It must be picklable (a module-level
-            function, a class instance, a ``functools.partial``). When the workers are busy a
-            tensor is dropped and counted, so training never waits for them; a callback that
-            raises is reported once and its worker restarted.
+            ``tensors=`` keeps (a CPU copy), at its ``every`` and ``every_seconds``:
+            ``directory`` is this rank's place in the run (None for a run in memory), where
+            results go; ``layerscope.tensors.HeatMap()`` and the other renderers are such
+            callbacks, and ``layerscope.tensors.Video()`` films each tensor into an MP4 or
+            GIF as the run trains. It must be picklable (a module-level function, a class
+            instance, a ``functools.partial``); its ``close()``, if it has one, is called in
+            the worker as the run closes. When the workers are busy a tensor is dropped and
+            counted, so training never waits for them; a callback that raises is reported
+            once and its worker restarted.
         workers: how many worker processes run ``on_tensor`` (default 1).
 
     Returns:

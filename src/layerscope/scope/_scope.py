@@ -180,6 +180,7 @@ class Scope(RecordedReads):
                     first_step=config.start_step,
                     on_tensor=on_tensor,
                     workers=workers,
+                    optimizers=self._optimizers,
                 )
         except BaseException:
             self.close("failed")

@@ -7,10 +7,12 @@ offers it to the worker processes that run ``on_tensor``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from layerscope._errors import FailureCounter
@@ -52,7 +54,10 @@ class WholeTensors:
         first_step: int,
         on_tensor: Callable[[Record, Path | None], object] | None = None,
         workers: int = 0,
+        optimizers: Sequence[torch.optim.Optimizer] = (),
     ) -> None:
+        # Weight gradients are read where the optimizers see them, as the statistics are.
+        spec = replace(spec, options=replace(spec.options, optimizers=tuple(optimizers)))
         self._spec = spec
         self._place = place
         self._fs: Any = None

@@ -2,45 +2,34 @@
 
 A forward hook on each chosen module copies its outputs (and registers a tensor hook on each
 output that needs a gradient, for the gradient with respect to it); a forward pre-hook copies
-inputs. Tensor hooks, not full backward hooks: those break ``ReLU(inplace=True)``. Copies are
-made inside the hook, before a later in-place op can change the tensor. Hooks are plain
+inputs; weight gradients are read at the optimizer's moment (see ``_keeping``). Tensor hooks,
+not full backward hooks: those break ``ReLU(inplace=True)``. Copies are made inside the hook,
+before a later in-place op can change the tensor. Hooks are plain
 closures, so ``copy.deepcopy`` of a model under capture (an EMA copy) copies no capture; the
 copy's forward passes are not kept.
 """
 
 from __future__ import annotations
 
-import threading
-import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from layerscope._errors import FailureCounter, LayerscopeWarning
 from layerscope.hooks import HookHandles, in_backward, named_tensors
 from layerscope.model import Kind, select, unwrap
+from layerscope.tensors._keeping import TRAIN, Target, ValueKeeper
 from layerscope.tensors._options import CaptureOptions
-from layerscope.tensors._records import Record, kept_bytes, kept_copy
-from layerscope.tensors._recordset import RecordSet
-from layerscope.tensors._reductions import Reduction
 
-TRAIN = "train"
 EVAL = "eval"
+# The kinds that hook the modules' passes; weight gradients hook the parameters.
+PASS_KINDS = frozenset((Kind.ACTIVATION, Kind.GRAD, Kind.INPUT))
 
 
-@dataclass(frozen=True, slots=True)
-class _Target:
-    name: str
-    type: str
-    module: weakref.ref[nn.Module]
-
-
-class Capture(RecordSet):
+class Capture(ValueKeeper):
     """Whole tensors of chosen modules, kept while the capture is open.
 
     Made by ``layerscope.capture``; see there. A context manager: leaving the ``with`` block,
@@ -48,10 +37,9 @@ class Capture(RecordSet):
     """
 
     def __init__(self, model: nn.Module, options: CaptureOptions) -> None:
-        super().__init__()
         root = unwrap(model)
         targets = [
-            _Target(name, type(module).__name__, weakref.ref(module))
+            Target(name, type(module).__name__, weakref.ref(module))
             for name, module in select(root, options.selection)
         ]
         if not targets:
@@ -60,20 +48,11 @@ class Capture(RecordSet):
                 f"(include={options.to_dict()['include']}, "
                 f"exclude={options.to_dict()['exclude']}, types={options.to_dict()['types']})"
             )
-        self._options = options
+        super().__init__(options, targets)
         self._root: weakref.ref[nn.Module] | None = weakref.ref(root)
-        self._targets: list[_Target] = targets
+        self._targets: list[Target] = targets
         self._handles = HookHandles()
-        self._lock = threading.Lock()
-        self._failures = FailureCounter()
-        self._step = 0
         self._calls: dict[tuple[str, str, int], int] = {}  # (module, phase, step): calls
-        self._reduced: dict[tuple[str, str, str], Record] = {}
-        self._bytes = 0
-        self._skipped = 0
-        self._full = False  # max_bytes reached: no new value is kept until clear()
-        self._full_warning_due = False
-        self._closed = False
         self._sync_hooks()
 
     # ---------------------------------------------------------------- public
@@ -100,8 +79,8 @@ class Capture(RecordSet):
 
     @property
     def hooks(self) -> int:
-        """Hooks now on the model's modules (0 after close)."""
-        return len(self._handles)
+        """Hooks now on the model's modules and parameters (0 after close)."""
+        return len(self._handles) + (0 if self._moments is None else len(self._moments))
 
     @property
     def closed(self) -> bool:
@@ -116,14 +95,21 @@ class Capture(RecordSet):
         """
         if self._closed:
             raise RuntimeError("capture: step() after close(); the capture is closed")
+        self._keep_weight_grads()
         self._step += 1
         self._calls.clear()
         self._sync_hooks()
 
     def close(self) -> None:
-        """Remove every hook and let go of the model; the records stay. Safe to call twice."""
+        """Remove every hook and let go of the model; the records stay. Safe to call twice.
+
+        The weight gradients read in the step in progress are kept first.
+        """
+        if not self._closed:
+            self._keep_weight_grads()
         self._closed = True
         self._handles.remove()
+        self._release_weight_grads()
         self._targets = []
         self._root = None
         self._calls.clear()
@@ -170,22 +156,24 @@ class Capture(RecordSet):
     def _records_step(self) -> bool:
         return self._step % self._options.every == 0
 
-    def _keeps_value_of(self, step: int) -> bool:
-        """Whether a pass of ``step`` is kept (here hooks are on only in such steps)."""
-        return True
-
     def _hook_step(self) -> int:
         """The step a forward pass now belongs to."""
         return self._step
 
     def _sync_hooks(self) -> None:
         wanted = not self._closed and self._records_step()
-        if wanted and not len(self._handles):
+        if wanted and not self.hooks:
             self._attach()
-        elif not wanted and len(self._handles):
+        elif not wanted and self.hooks:
             self._handles.remove()
+            if self._moments is not None:
+                self._moments.remove()
 
     def _attach(self) -> None:
+        if self._moments is not None:
+            self._moments.attach()
+        if not self._options.kinds & PASS_KINDS:
+            return
         for target in self._targets:
             module = target.module()
             if module is None:
@@ -194,9 +182,10 @@ class Capture(RecordSet):
                 pre = module.register_forward_pre_hook(self._input_hook(target), with_kwargs=True)
                 self._handles.add(pre)
             # Also for inputs alone: it counts the calls.
-            self._handles.add(module.register_forward_hook(self._output_hook(target)))
+            output_hook = self._output_hook(target)
+            self._handles.add(module.register_forward_hook(output_hook, with_kwargs=True))
 
-    def _input_hook(self, target: _Target) -> Callable[..., None]:
+    def _input_hook(self, target: Target) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if self._closed or module is not target.module() or in_backward():
                 return
@@ -209,15 +198,17 @@ class Capture(RecordSet):
             for key, value in (kwargs or {}).items():
                 tensors.extend(named_tensors(value, f"in.{key}"))
             for name, tensor in tensors:
-                self._offer(target, Kind.INPUT, name, step, phase, call, tensor)
+                self._offer(target, Kind.INPUT, name, step, phase, call, tensor, args, kwargs)
             self._warn_pending()
 
         return hook
 
-    def _output_hook(self, target: _Target) -> Callable[..., None]:
+    def _output_hook(self, target: Target) -> Callable[..., None]:
         kinds = self._options.kinds
 
-        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        def hook(
+            module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+        ) -> None:
             # A checkpointed forward recomputed in backward was kept the first time.
             if self._closed or module is not target.module() or in_backward():
                 return
@@ -230,7 +221,9 @@ class Capture(RecordSet):
             self._calls[key] = call + 1
             for name, tensor in named_tensors(output, "out"):
                 if Kind.ACTIVATION in kinds:
-                    self._offer(target, Kind.ACTIVATION, name, step, phase, call, tensor)
+                    self._offer(
+                        target, Kind.ACTIVATION, name, step, phase, call, tensor, args, kwargs
+                    )
                 # A leaf (a parameter returned as it is) would keep the hook for good.
                 if Kind.GRAD in kinds and tensor.requires_grad and not tensor.is_leaf:
                     try:
@@ -243,7 +236,7 @@ class Capture(RecordSet):
         return hook
 
     def _grad_hook(
-        self, target: _Target, name: str, step: int, phase: str, call: int
+        self, target: Target, name: str, step: int, phase: str, call: int
     ) -> Callable[[Tensor], None]:
         def hook(grad: Tensor | None) -> None:
             # After close() a graph built before it may still run backward: keep nothing.
@@ -258,98 +251,3 @@ class Capture(RecordSet):
         root = None if self._root is None else self._root()
         training = root is None or root.training
         return TRAIN if training and torch.is_grad_enabled() else EVAL
-
-    # ---------------------------------------------------------------- keeping values
-
-    def _offer(
-        self,
-        target: _Target,
-        kind: Kind,
-        name: str,
-        step: int,
-        phase: str,
-        call: int,
-        tensor: Tensor,
-    ) -> None:
-        """Keep ``tensor`` if the condition says so; a failure is counted, never raised."""
-        options = self._options
-        try:
-            with torch.no_grad():
-                value = tensor.detach()
-                record = Record(
-                    module=target.name,
-                    type=target.type,
-                    kind=kind.value,
-                    tensor=name,
-                    step=step,
-                    phase=phase,
-                    call=call,
-                    value=value,
-                )
-                if options.condition is not None and not options.condition(record):
-                    return
-                if options.stash_value is not None:
-                    value = options.stash_value(value)
-                    if not isinstance(value, Tensor):
-                        raise TypeError(
-                            f"stash_value: expected a function returning a Tensor, got "
-                            f"{type(value).__name__}"
-                        )
-                    value = value.detach()
-                with self._lock:
-                    if options.reduction is None:
-                        self._keep(record, value)
-                    else:
-                        self._fold(options.reduction, record, value)
-        except Exception as error:
-            self._failures.record(f"keeping {kind.value} {name!r} of {target.name!r}", error)
-
-    def _room_for(self, size: int) -> bool:
-        limit = self._options.max_bytes
-        if not self._full and (limit is None or self._bytes + size <= limit):
-            return True
-        if not self._full:
-            self._full = True
-            self._full_warning_due = True
-        self._skipped += 1
-        return False
-
-    def _keep(self, record: Record, value: Tensor) -> None:
-        if not self._room_for(value.numel() * value.element_size()):
-            return
-        record.value = kept_copy(value, self._options.device)
-        self._bytes += kept_bytes(record.value)
-        self._records.append(record)
-
-    def _fold(self, reduction: Reduction, record: Record, value: Tensor) -> None:
-        key = (record.module, record.kind, record.tensor)
-        running = self._reduced.get(key)
-        if running is None:
-            size = value.numel() * reduction.accumulator_dtype(value.dtype).itemsize
-            if not self._room_for(size):
-                return
-            record.value = reduction.start(value, self._options.device)
-            self._bytes += kept_bytes(record.value)
-            self._reduced[key] = record
-            self._records.append(record)
-            return
-        before = kept_bytes(running.value)
-        running.value = reduction.fold(
-            running.value, value, running.count + 1, self._options.device
-        )
-        running.count += 1
-        running.step, running.phase, running.call = record.step, record.phase, record.call
-        self._bytes += kept_bytes(running.value) - before
-
-    def _warn_pending(self) -> None:
-        """Warn once of the first failure and once when ``max_bytes`` is reached."""
-        self._failures.warn_pending()
-        if self._full_warning_due:
-            self._full_warning_due = False
-            warnings.warn(self._full_message(), LayerscopeWarning, stacklevel=3)
-
-    def _full_message(self) -> str:
-        return (
-            f"layerscope: capture reached max_bytes={self._options.max_bytes}; later "
-            f"values are not kept (capture.skipped counts them; clear() makes room)"
-        )

@@ -6,7 +6,7 @@ The hooks and what they keep are ``_capture.Capture``'s.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from layerscope._config import check_model
 from layerscope.model import Kind, unwrap
 from layerscope.tensors._capture import Capture
+from layerscope.tensors._event import Event
 from layerscope.tensors._options import CaptureOptions
 from layerscope.tensors._records import Record
 
@@ -29,12 +30,14 @@ def capture(
     kinds: Sequence[str | Kind] = ("activation", "grad"),
     condition: Callable[[Record], object] | None = None,
     reduction: str | Callable[[Tensor, Tensor], Tensor] | None = None,
-    stash_value: Callable[[Tensor], Tensor] | None = None,
+    stash_value: Callable[[Tensor], Any] | None = None,
     every: int = 1,
     device: str | torch.device | None = "cpu",
     max_bytes: int | None = None,
+    stash: Callable[[Event], Any] | None = None,
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
 ) -> Capture:
-    """Keep whole tensors of chosen modules: outputs, output gradients, inputs.
+    """Keep whole tensors of chosen modules: outputs, output gradients, inputs, weight gradients.
 
     Each kept value is detached and copied (compact: never a view holding a whole batch) to
     ``device``, inside the hook, before a later in-place op can change it. Steps are yours to
@@ -54,8 +57,12 @@ def capture(
         types: module classes to keep. By default every module that owns parameters or has
             no children, as ``watch`` chooses.
         kinds: some of ``"activation"`` (forward output), ``"grad"`` (gradient with respect
-            to the forward output, through a tensor hook, so in-place ops are safe) and
-            ``"input"`` (forward input, before the module runs).
+            to the forward output, through a tensor hook, so in-place ops are safe),
+            ``"input"`` (forward input, before the module runs) and ``"weight_grad"`` (each
+            parameter's gradient as the optimizer sees it, one record per parameter and step:
+            read where ``watch`` reads it for statistics, just before ``optimizer``'s step,
+            or without one when each backward pass ends, after DDP's all-reduce; the last
+            reading of a step is kept, so with gradient accumulation the accumulated one).
         condition: ``fn(record) -> bool``, called before each value is kept; the ``Record``
             carries the metadata (``module``, ``kind``, ``step``, ``phase``, ...) and, as
             ``value``, the live tensor, detached (reading it is a host sync on a GPU; do not
@@ -64,12 +71,22 @@ def capture(
             call: ``"sum"``, ``"mean"`` (running mean; ``record.count`` says of how many),
             ``"max"``, ``"min"`` (shapes must agree), or ``fn(accumulated, new) -> Tensor``.
             The record's ``step``, ``phase`` and ``call`` are those of its latest value.
-        stash_value: ``fn(tensor) -> Tensor`` applied, on the tensor's device, before the
-            value is kept (e.g. ``lambda t: t.std(dim=0)``, or ``lambda t: t[:4]``).
+        stash_value: ``fn(tensor) -> value`` applied, on the tensor's device, before the
+            value is kept (e.g. ``lambda t: t.std(dim=0)``, ``lambda t: t[:4]``); it may
+            return any value (``lambda t: t.std().item()``, a tuple): tensors in tuples,
+            lists and dicts are copied as tensors are, anything else is kept as it is.
         every: keep values in every N-th step only (0, N, 2N, ...); the others carry no hook.
         device: where kept values go; None keeps each on its own device.
         max_bytes: stop keeping new values once they would hold more than this many bytes:
-            one ``LayerscopeWarning``, and ``cap.skipped`` counts what was not kept.
+            one ``LayerscopeWarning``, and ``cap.skipped`` counts what was not kept (tensors
+            count; other objects a stash returns count nothing).
+        stash: ``fn(event) -> value``, tensor_tracker's full form: ``event`` (an ``Event``)
+            holds the module, its name, the kind, the tensor's name, the step, the call's
+            ``args`` and ``kwargs`` and, as ``value``, the output, input or gradient tensor;
+            what ``fn`` returns is kept, as ``stash_value``'s is. Not with ``stash_value``.
+        optimizer: the optimizer (or a list) whose step reads ``"weight_grad"``: after
+            accumulation, unscaling and clipping. Without one, gradients are read when each
+            backward ends.
 
     Returns:
         A ``Capture``: ``records`` (a list of ``Record``), ``step()``, ``to_frame()``,
@@ -81,8 +98,8 @@ def capture(
         TypeError: ``model`` is not a module, or an argument has the wrong type.
         ValueError: a bad regex, an unknown kind or reduction, ``every < 1``,
             ``max_bytes < 0``, an unusable device, a selection that matches no module, a
-            module object in ``include`` or ``exclude`` that is not the model's, or a
-            callable there that raised.
+            module object in ``include`` or ``exclude`` that is not the model's, a
+            callable there that raised, or both ``stash`` and ``stash_value``.
 
     Examples:
         >>> import torch, layerscope
@@ -110,5 +127,7 @@ def capture(
         device=device,
         max_bytes=max_bytes,
         root=unwrap(model),
+        stash=stash,
+        optimizer=optimizer,
     )
     return Capture(model, options)

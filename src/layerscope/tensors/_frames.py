@@ -53,6 +53,11 @@ def tensor_of(value: Tensor | Record) -> Tensor:
     """The tensor of a Record or a Tensor, checked to be drawable."""
     if isinstance(value, Record):
         tensor = value.value
+        if not isinstance(tensor, Tensor):
+            raise TypeError(
+                f"value: the record holds a {type(tensor).__name__}, not a tensor (what its "
+                f"stash or stash_value returned); only tensors are drawn"
+            )
     elif isinstance(value, Tensor):
         tensor = value
     else:

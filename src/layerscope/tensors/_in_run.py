@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from layerscope._errors import FailureCounter
 from layerscope.distributed import local_tensor
@@ -21,11 +22,14 @@ from layerscope.model import Kind
 from layerscope.tensors._capture import Capture
 from layerscope.tensors._outlet import TensorOutlet, to_host
 from layerscope.tensors._records import Record, kept_copy
-from layerscope.tensors._spec import TensorsSpec
+from layerscope.tensors._spec import KeptSteps, TensorsSpec
 
 
 class RunTensors(Capture):
     """The whole tensors a watched run keeps; see ``watch(tensors=...)``.
+
+    Its values are tensors only (``stash_value`` must return one): they go to the run's
+    safetensors parts and to ``on_tensor``'s worker processes.
 
     Args:
         model: the watched model.
@@ -37,7 +41,10 @@ class RunTensors(Capture):
         records_statistics: whether a step records statistics (the scope's schedule).
         first_step: the scope's first step.
         failures: the scope's counter of monitoring failures.
+        clock: seconds for ``every_seconds`` (``time.monotonic`` by default).
     """
+
+    _any_value = False
 
     def __init__(
         self,
@@ -49,8 +56,10 @@ class RunTensors(Capture):
         records_statistics: Callable[[int], bool],
         first_step: int,
         failures: FailureCounter,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._spec = spec
+        self._kept_steps = KeptSteps(spec, records_statistics, clock)
         self._outlet = outlet
         self._step_now = step_now
         self._training_now = training_now
@@ -58,11 +67,13 @@ class RunTensors(Capture):
         self._records_statistics = records_statistics
         self._pending: list[Record] = []
         self._parameters: list[tuple[str, str, weakref.ref[nn.Module]]] = []
+        self._started = False  # no step is asked about before the first one is set
         try:
             super().__init__(model, spec.options)
         except ValueError as error:
             raise ValueError(f"tensors: {error}") from None
         self._step = first_step
+        self._started = True
         self._failures = failures  # the scope's: one count of what monitoring skipped
         for target in self._targets:
             self._parameters.append((target.name, target.type, target.module))
@@ -75,12 +86,14 @@ class RunTensors(Capture):
         if self._closed:
             return
         try:
+            self._keep_weight_grads()
             if self._spec.weights and self._keeps(ended):
                 self._keep_weights(ended)
         finally:
             with self._lock:
                 records, self._pending = self._pending, []
             self._step, self._ended = next_step, ended
+            self._kept_steps.forget_before(ended)
             self._calls.clear()
             self._sync_hooks()
         if records:
@@ -93,6 +106,8 @@ class RunTensors(Capture):
 
     def finish(self) -> None:
         """The scope closes: hand over what the step in progress kept, remove every hook."""
+        if not self._closed:
+            self._keep_weight_grads()
         with self._lock:
             records, self._pending = self._pending, []
         self.close()
@@ -104,6 +119,8 @@ class RunTensors(Capture):
     def _records_step(self) -> bool:
         # Also while the step that just ended keeps: its evaluation comes before the next pass.
         ended = self._ended
+        if not self._started:
+            return False
         return self._keeps(self._step) or (ended is not None and self._keeps(ended))
 
     def _phase(self) -> str:
@@ -119,13 +136,16 @@ class RunTensors(Capture):
         if self._options.kinds:  # weights alone need no hook: they are read at step end
             super()._attach()
 
-    def _keep(self, record: Record, value: Tensor) -> None:
+    def _copy(self, value: Any) -> Any:
         # A copy on the value's own device: the host copy starts at step end, without a sync.
+        return kept_copy(value, None)
+
+    def _keep(self, record: Record, value: Any, copied: bool = False) -> None:
         # max_bytes bounds what is kept; tensors only handed to on_tensor keep nothing.
         size = value.numel() * value.element_size()
         if self._spec.keep and not self._room_for(size):
             return
-        record.value = kept_copy(value, None)
+        record.value = value if copied else self._copy(value)
         self._bytes += size
         self._pending.append(record)
 
@@ -136,7 +156,7 @@ class RunTensors(Capture):
         )
 
     def _keeps(self, step: int) -> bool:
-        return self._spec.keeps(step, self._records_statistics(step))
+        return self._kept_steps.keeps(step)
 
     def _keep_weights(self, step: int) -> None:
         for name, type_name, module_ref in self._parameters:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from layerscope.tensors._records import Record
+from layerscope.tensors._video import Video
 
 OnTensor = Callable[[Record, Path | None], object]
 
@@ -32,7 +33,8 @@ def check_on_tensor(on_tensor: object, workers: object) -> tuple[OnTensor | None
     Raises:
         TypeError: ``on_tensor`` is not callable or does not pickle, or ``workers`` is not
             an int.
-        ValueError: ``workers < 1``, or ``workers`` without ``on_tensor``.
+        ValueError: ``workers < 1``, ``workers`` without ``on_tensor``, or a ``Video`` with
+            more than one worker.
 
     Examples:
         >>> import functools
@@ -48,6 +50,11 @@ def check_on_tensor(on_tensor: object, workers: object) -> tuple[OnTensor | None
             raise ValueError("workers: only used with on_tensor=fn, which was not given")
         return None, 0
     count = check_workers(workers)
+    if isinstance(on_tensor, Video) and count > 1:
+        raise ValueError(
+            f"workers: a Video writes each tensor's file from one worker; got workers={count}, "
+            f"expected 1"
+        )
     if not callable(on_tensor):
         raise TypeError(
             f"on_tensor: expected a callable fn(record, directory), got {type(on_tensor).__name__}"

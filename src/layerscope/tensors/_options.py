@@ -10,11 +10,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from layerscope.hooks import parse_optimizers
 from layerscope.model import Kind, Selection, check_types, parse_rules
+from layerscope.tensors._event import Event
 from layerscope.tensors._records import Record
 from layerscope.tensors._reductions import Reduction, parse_reduction
 
-KINDS = (Kind.ACTIVATION, Kind.GRAD, Kind.INPUT)
+KINDS = (Kind.ACTIVATION, Kind.GRAD, Kind.INPUT, Kind.WEIGHT_GRAD)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -25,10 +27,12 @@ class CaptureOptions:
     kinds: frozenset[Kind]
     condition: Callable[[Record], object] | None
     reduction: Reduction | None
-    stash_value: Callable[[Tensor], Tensor] | None
+    stash_value: Callable[[Tensor], Any] | None
     every: int
     device: torch.device | None
     max_bytes: int | None
+    stash: Callable[[Event], Any] | None = None
+    optimizers: tuple[torch.optim.Optimizer, ...] = ()
 
     @classmethod
     def from_arguments(
@@ -45,8 +49,14 @@ class CaptureOptions:
         device: object,
         max_bytes: object,
         root: nn.Module | None = None,
+        stash: object = None,
+        optimizer: object = None,
     ) -> CaptureOptions:
         """Check ``capture()``'s arguments; module objects are found in ``root`` if given."""
+        if stash is not None and stash_value is not None:
+            raise ValueError(
+                "stash, stash_value: give one of them; stash(event) can apply stash_value itself"
+            )
         return cls(
             selection=Selection(
                 include=parse_rules(include, "include", root),
@@ -56,10 +66,12 @@ class CaptureOptions:
             kinds=parse_kinds(kinds),
             condition=parse_condition(condition),
             reduction=parse_reduction(reduction),
-            stash_value=_callable_or_none(stash_value, "stash_value", "fn(tensor) -> Tensor"),
+            stash_value=_callable_or_none(stash_value, "stash_value", "fn(tensor) -> value"),
             every=_int_at_least(every, "every", 1),
             device=parse_device(device),
             max_bytes=None if max_bytes is None else _int_at_least(max_bytes, "max_bytes", 0),
+            stash=_callable_or_none(stash, "stash", "fn(event) -> value"),
+            optimizers=tuple(parse_optimizers(optimizer)),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -70,6 +82,8 @@ class CaptureOptions:
             "condition": self.condition is not None,
             "reduction": None if self.reduction is None else self.reduction.name,
             "stash_value": self.stash_value is not None,
+            "stash": self.stash is not None,
+            "optimizers": len(self.optimizers),
             "every": self.every,
             "device": None if self.device is None else str(self.device),
             "max_bytes": self.max_bytes,
@@ -77,7 +91,7 @@ class CaptureOptions:
 
 
 def parse_kinds(kinds: object) -> frozenset[Kind]:
-    """``kinds``: some of ``activation``, ``grad``, ``input``."""
+    """``kinds``: some of ``activation``, ``grad``, ``input``, ``weight_grad``."""
     names = ", ".join(kind.value for kind in KINDS)
     items = (kinds,) if isinstance(kinds, str | Kind) else kinds
     if not isinstance(items, Iterable):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -19,14 +21,17 @@ class Record:
         module: the module's qualified name (``named_modules()``; ``""`` is the root).
         type: the module's class name, e.g. ``"Linear"``.
         kind: ``"activation"`` (forward output), ``"grad"`` (gradient with respect to the
-            forward output) or ``"input"`` (forward input).
-        tensor: the tensor inside the output or input: ``out``, ``out.0``, ``out.logits``,
-            ``in.0``, ``in.mask``.
+            forward output), ``"input"`` (forward input), ``"weight_grad"`` (a parameter's
+            gradient as the optimizer sees it) or ``"weight"``.
+        tensor: the tensor inside the output or input, or the parameter: ``out``, ``out.0``,
+            ``out.logits``, ``in.0``, ``in.mask``, ``weight``.
         step: the step of the forward pass it comes from (a gradient has its forward's).
         phase: ``"train"`` where the model was in training mode with grad enabled, else
             ``"eval"``.
         call: 0 for the module's first call in the step and phase, 1 for the next, ...
-        value: the tensor: detached, a compact copy (never a view of a larger storage).
+        value: the tensor: detached, a compact copy (never a view of a larger storage); or
+            what ``stash_value`` or ``stash`` returned (a float, a tuple, ...), each tensor in
+            a tuple, list or dict of it such a copy.
         count: how many tensors ``value`` reduces (1 without a ``reduction``).
     """
 
@@ -37,7 +42,7 @@ class Record:
     step: int
     phase: str
     call: int
-    value: Tensor
+    value: Any
     count: int = 1
 
     def metadata(self) -> dict[str, str | int]:
@@ -47,9 +52,10 @@ class Record:
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in METADATA)
         value = self.value
-        shape = tuple(value.shape) if isinstance(value, Tensor) else None
-        dtype = str(value.dtype).removeprefix("torch.") if isinstance(value, Tensor) else None
-        return f"Record({fields}, value=<{dtype} {shape}>)"
+        if not isinstance(value, Tensor):
+            return f"Record({fields}, value={reprlib.repr(value)})"
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"Record({fields}, value=<{dtype} {tuple(value.shape)}>)"
 
 
 def kept_copy(

@@ -14,6 +14,7 @@ from layerscope._imports import require
 from layerscope.tensors._parts import is_parts_directory, read_parts
 from layerscope.tensors._records import METADATA, Record
 from layerscope.tensors._save import INDEX, read_records, write_records
+from layerscope.tensors._values import first_value
 
 
 class RecordSet:
@@ -48,6 +49,12 @@ class RecordSet:
     ) -> Any:
         """A pandas DataFrame: one row per record, with ``stat`` of its value.
 
+        A value that is not a tensor (what ``stash`` or ``stash_value`` returned) has its
+        type's name as ``dtype`` and None as ``shape``; its statistic is taken of its first
+        value (the first element of nested tuples and lists, as tensor_tracker's
+        ``first_value``): ``stat`` of a tensor, a number as it is (a statistic already),
+        None for anything else.
+
         Args:
             stat: a function of a tensor to a scalar (a 0-d tensor or a number); integer and
                 bool values are given to it as float64.
@@ -62,12 +69,20 @@ class RecordSet:
         rows = []
         for record in self._records:
             value = record.value
-            if not (value.is_floating_point() or value.is_complex()):
-                value = value.double()
-            result = stat(value)
             row: dict[str, Any] = record.metadata()
-            row["dtype"] = str(record.value.dtype).removeprefix("torch.")
-            row["shape"] = tuple(record.value.shape)
+            if isinstance(value, Tensor):
+                row["dtype"] = str(value.dtype).removeprefix("torch.")
+                row["shape"] = tuple(value.shape)
+            else:
+                row["dtype"], row["shape"] = type(value).__name__, None
+                value = first_value(value)
+            result: Any = None
+            if isinstance(value, Tensor):
+                if not (value.is_floating_point() or value.is_complex()):
+                    value = value.double()
+                result = stat(value)
+            elif isinstance(value, int | float):
+                result = value
             row[name] = result.item() if isinstance(result, Tensor) else result
             rows.append(row)
         columns = [*METADATA, "dtype", "shape", name]
@@ -77,7 +92,10 @@ class RecordSet:
         """Write the records under ``dir``: safetensors value files and a JSON index.
 
         ``layerscope.load_capture(dir)`` reads them back, values bit for bit. Nothing is
-        pickled. Needs ``pip install 'layerscope[capture]'`` (safetensors).
+        pickled: a value that is not a tensor is saved as JSON when it is a number, a string,
+        None, or a tuple, list or str-keyed dict of those and of tensors (a namedtuple comes
+        back as a tuple); another object raises TypeError naming its record. Needs
+        ``pip install 'layerscope[capture]'`` (safetensors).
 
         Args:
             dir: a directory; made if missing.

@@ -1,9 +1,12 @@
 """A capture on disk: values in safetensors files, everything else in ``capture.json``.
 
 ``capture.json`` lists the records in order with their metadata, the file that holds each
-value and its key there; values go into files of at most ``SHARD_BYTES`` each. Nothing is
-pickled: loading a capture runs no code from the files. The index is written last, by an
-atomic rename, so a directory always holds a complete capture or none.
+value and its key there; values go into files of at most ``SHARD_BYTES`` each. A value that is
+not a tensor (what ``stash`` or ``stash_value`` returned) is written into the index as tagged
+JSON (``_values.encode``), the tensors inside it into the files; such a capture is version 2,
+one of tensors only version 1, as before. Nothing is pickled: loading a capture runs no code
+from the files. The index is written last, by an atomic rename, so a directory always holds a
+complete capture or none.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +25,12 @@ from torch import Tensor
 
 from layerscope._imports import require
 from layerscope.tensors._records import METADATA, Record, is_compact
+from layerscope.tensors._values import decode, encode
 
 INDEX = "capture.json"
 FORMAT = "layerscope.capture"
-VERSION = 1
+VERSION = 1  # of a capture whose values are all tensors
+VALUES_VERSION = 2  # of one with other values too
 SHARD_BYTES = 1 << 30
 
 
@@ -63,8 +70,9 @@ def write_records(
         files.append(name)
         shard, shard_bytes = {}, 0
 
-    for number, record in enumerate(records):
-        value = record.value.detach()
+    def add(tensor: Tensor, key: str) -> dict[str, Any]:
+        nonlocal shard_bytes
+        value = tensor.detach()
         if value.device.type != "cpu":
             value = value.cpu()
         if not is_compact(value):  # safetensors writes whole, unshared storages
@@ -72,13 +80,25 @@ def write_records(
         size = value.numel() * value.element_size()
         if shard and shard_bytes + size > SHARD_BYTES:
             flush()
-        key = f"{number:08d}"
         shard[key] = value
         shard_bytes += size
-        entries.append({**record.metadata(), "file": len(files), "key": key})
+        return {"file": len(files), "key": key}
+
+    version = VERSION
+    for number, record in enumerate(records):
+        key = f"{number:08d}"
+        if isinstance(record.value, Tensor):
+            entries.append({**record.metadata(), **add(record.value, key)})
+            continue
+        version = VALUES_VERSION
+        try:
+            encoded = encode(record.value, partial(_add_numbered, add, key, count()))
+        except TypeError as error:
+            raise TypeError(f"save: record {number} ({record!r}): {error}") from None
+        entries.append({**record.metadata(), "value": encoded})
     flush()
 
-    index = {"format": FORMAT, "version": VERSION, "files": files, "info": info}
+    index = {"format": FORMAT, "version": version, "files": files, "info": info}
     index["records"] = entries
     temporary = path / f".{INDEX}.{token}.tmp"
     temporary.write_text(json.dumps(index, indent=1), encoding="utf-8")
@@ -87,6 +107,13 @@ def write_records(
         if name not in files and _is_value_file(name):
             (path / name).unlink(missing_ok=True)
     return path
+
+
+def _add_numbered(
+    add: Callable[[Tensor, str], dict[str, Any]], key: str, numbers: Iterator[int], tensor: Tensor
+) -> dict[str, Any]:
+    """``add`` the record's next tensor under ``<key>.<n>``."""
+    return add(tensor, f"{key}.{next(numbers)}")
 
 
 def read_records(
@@ -104,7 +131,11 @@ def read_records(
     records = []
     for entry in index["records"]:
         metadata = {name: entry[name] for name in METADATA}
-        records.append(Record(**metadata, value=values[entry["file"]][entry["key"]]))
+        if "value" in entry:
+            value = decode(entry["value"], lambda where: values[where["file"]][where["key"]])
+        else:
+            value = values[entry["file"]][entry["key"]]
+        records.append(Record(**metadata, value=value))
     return records, dict(index.get("info", {}))
 
 
@@ -113,9 +144,10 @@ def _read_index(path: Path) -> dict[str, Any]:
     if not index_path.is_file():
         raise FileNotFoundError(f"dir: no capture in {str(path)!r} (no {INDEX})")
     index: dict[str, Any] = json.loads(index_path.read_text(encoding="utf-8"))
-    if index.get("format") != FORMAT or index.get("version") != VERSION:
+    if index.get("format") != FORMAT or index.get("version") not in (VERSION, VALUES_VERSION):
         raise ValueError(
-            f"dir: {str(index_path)!r} is not a layerscope capture of version {VERSION}"
+            f"dir: {str(index_path)!r} is not a layerscope capture of version {VERSION} or "
+            f"{VALUES_VERSION}"
         )
     return index
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,8 +11,11 @@ from layerscope.model import Kind
 from layerscope.tensors._options import CaptureOptions
 
 # What the in-run tensors take: capture()'s kinds, and weights read at the end of a step.
-KINDS = (Kind.ACTIVATION, Kind.GRAD, Kind.INPUT, Kind.WEIGHT)
-KEYS = ("include", "exclude", "types", "kinds", "every", "stash_value", "max_bytes", "keep")
+KINDS = (Kind.ACTIVATION, Kind.GRAD, Kind.INPUT, Kind.WEIGHT_GRAD, Kind.WEIGHT)
+KEYS = (
+    "include", "exclude", "types", "kinds", "every", "every_seconds", "stash_value",
+    "max_bytes", "keep",
+)  # fmt: skip
 DEFAULT_KINDS = ("activation", "grad")
 DEFAULT_MAX_BYTES = 1 << 30  # of this rank's run: whole tensors fill a disk fast
 
@@ -22,16 +26,18 @@ class TensorsSpec:
 
     ``options`` holds the capture's part (modules, forward and backward kinds, ``stash_value``,
     ``max_bytes``); ``weights`` whether the chosen modules' own parameters are kept too.
-    ``every`` None keeps them on the steps that record statistics.
+    ``every`` None keeps them on the steps that record statistics; ``every_seconds`` keeps
+    those steps at most once in that many seconds (``KeptSteps``).
     """
 
     options: CaptureOptions
     weights: bool
     every: int | None
     keep: bool
+    every_seconds: float | None = None
 
     def keeps(self, step: int, records_statistics: bool) -> bool:
-        """Whether step ``step`` keeps whole tensors."""
+        """Whether step ``step`` keeps whole tensors by its number (``every_seconds`` aside)."""
         if self.every is None:
             return records_statistics
         return step % self.every == 0
@@ -46,10 +52,58 @@ class TensorsSpec:
             "types": options["types"],
             "kinds": kinds,
             "every": self.every,
+            "every_seconds": self.every_seconds,
             "stash_value": options["stash_value"],
             "max_bytes": options["max_bytes"],
             "keep": self.keep,
         }
+
+
+class KeptSteps:
+    """Which steps keep whole tensors: ``every``'s, at most one in ``every_seconds`` seconds.
+
+    A step is decided once, when first asked (the scope asks as the step begins): it keeps if
+    its number says so and ``every_seconds`` have passed since the last step that kept, on
+    ``clock``. So a step keeps all its passes or none, and its evaluation keeps with it.
+
+    Examples:
+        >>> times = iter([0.0, 0.4, 1.1, 1.5, 2.3])
+        >>> spec = parse_tensors({"include": "fc", "every": 1, "every_seconds": 1.0})
+        >>> kept = KeptSteps(spec, lambda step: False, clock=lambda: next(times))
+        >>> [step for step in range(5) if kept.keeps(step)]
+        [0, 2, 4]
+    """
+
+    def __init__(
+        self,
+        spec: TensorsSpec,
+        records_statistics: Callable[[int], bool],
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self._spec = spec
+        self._records_statistics = records_statistics
+        self._clock = _now if clock is None else clock
+        self._decided: dict[int, bool] = {}
+        self._kept_at: float | None = None
+
+    def keeps(self, step: int) -> bool:
+        """Whether ``step`` keeps whole tensors; decided the first time it is asked."""
+        decided = self._decided.get(step)
+        if decided is None:
+            decided = self._spec.keeps(step, self._records_statistics(step))
+            seconds = self._spec.every_seconds
+            if decided and seconds is not None:
+                now = self._clock()
+                decided = self._kept_at is None or now - self._kept_at >= seconds
+                if decided:
+                    self._kept_at = now
+            self._decided[step] = decided
+        return decided
+
+    def forget_before(self, step: int) -> None:
+        """Decisions of steps before ``step`` are not asked again: let them go."""
+        for old in [known for known in self._decided if known < step]:
+            del self._decided[old]
 
 
 def parse_tensors(tensors: object) -> TensorsSpec | None:
@@ -103,10 +157,23 @@ def parse_tensors(tensors: object) -> TensorsSpec | None:
     every = tensors.get("every")
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise ValueError(f"tensors: every: expected an int >= 1 or None, got {every!r}")
+    seconds = tensors.get("every_seconds")
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0
+    ):
+        raise ValueError(
+            f"tensors: every_seconds: expected a number of seconds >= 0 or None, got {seconds!r}"
+        )
     keep = tensors.get("keep", True)
     if not isinstance(keep, bool):
         raise TypeError(f"tensors: keep: expected True or False, got {keep!r}")
-    return TensorsSpec(options=options, weights=Kind.WEIGHT in kinds, every=every, keep=keep)
+    return TensorsSpec(
+        options=options,
+        weights=Kind.WEIGHT in kinds,
+        every=every,
+        keep=keep,
+        every_seconds=None if seconds is None else float(seconds),
+    )
 
 
 def _kinds(kinds: object) -> list[Kind]:
@@ -131,3 +198,8 @@ def _without_pass_kinds(options: CaptureOptions) -> CaptureOptions:
     """The options with no forward or backward kind: weights only."""
     fields = {name: getattr(options, name) for name in CaptureOptions.__dataclass_fields__}
     return CaptureOptions(**{**fields, "kinds": frozenset()})
+
+
+def _now() -> float:
+    """Seconds for ``every_seconds``: a monotonic clock."""
+    return time.monotonic()

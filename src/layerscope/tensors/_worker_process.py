@@ -83,6 +83,9 @@ def worker_main(connection: Connection, fn_bytes: bytes, directory: Path | None)
     except BaseException as error:
         _report(connection, error)
         sys.exit(_EXIT_AFTER_ERROR)
+    # Terminated (close() gave up waiting): end through the finally below, so that a
+    # callback with a close() (a Video) still finishes its files; killed, nothing runs.
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         connection.send(("ready",))
         while True:
@@ -95,12 +98,39 @@ def worker_main(connection: Connection, fn_bytes: bytes, directory: Path | None)
                 return
             try:
                 fn(_received_record(connection, header), directory)
+            except _Terminated:
+                raise
             except BaseException as error:
                 _report(connection, error)
                 sys.exit(_EXIT_AFTER_ERROR)
             connection.send(("done",))
     except (EOFError, OSError):
         return  # the pipe closed: the parent is gone
+    except _Terminated:
+        return
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+        _close(fn)
+
+
+class _Terminated(BaseException):
+    """SIGTERM reached the worker."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+def _close(fn: Any) -> None:
+    """Let a callback with a ``close()`` (a ``Video``) finish its files as its worker ends."""
+    close = getattr(fn, "close", None)
+    if not callable(close):
+        return
+    try:
+        close()
+    except Exception:  # the worker ends all the same; its stderr is the run's
+        print("layerscope: on_tensor's close() failed in its worker:", file=sys.stderr)
+        traceback.print_exc()
 
 
 def _received_record(connection: Connection, header: tuple[Any, ...]) -> Record:
