@@ -8,7 +8,7 @@ figure and a ``draw(index)`` that redraws it for each value with colour limits a
 over all of them, which ``layerscope.animate`` writes as a GIF or an MP4.
 
 matplotlib and numpy are imported when something is drawn (``pip install 'layerscope[plot]'``);
-the drawing itself is in ``layerscope.plots._tensor_frames``.
+the drawing itself is in ``_heatmap_frames``, ``_histogram_frames`` and ``_pca_frames``.
 """
 
 from __future__ import annotations
