@@ -1,5 +1,7 @@
-"""The call order of every recorded step whose order differs: a model that branches shows each."""
+"""The call order of every recorded step: a model that branches shows each step's own."""
 
+import pyarrow.parquet as pq
+import pytest
 import torch
 from torch import nn
 
@@ -44,12 +46,95 @@ def test_each_change_of_the_order_is_kept_with_its_step(tmp_path):
     assert stored.drop(columns="rank").reset_index(drop=True).equals(frame)
 
 
-def test_an_order_that_stays_is_kept_once():
+A_ORDER = [("enter", "a"), ("exit", "a"), ("enter", "head"), ("exit", "head")]
+B_ORDER = [("enter", "b"), ("exit", "b"), ("enter", "head"), ("exit", "head")]
+# Steps 0-5 call a, a, b, b, a, a: each recorded step's order, written out by hand.
+BRANCHES = [False, False, True, True, False, False]
+EXPECTED = {0: A_ORDER, 1: A_ORDER, 2: B_ORDER, 3: B_ORDER, 4: A_ORDER, 5: A_ORDER}
+
+
+def train_branches(path=None, every=1):
     model = Branching()
-    scope = train(model, steps=4, every=2)  # steps 0 and 2 record, both call a
-    frame = scope.frame("calls")
-    assert set(frame.step) == {0}
-    assert [event.step for event in scope.calls] == [0, 0, 0, 0]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with layerscope.watch(model, optimizer=optimizer, every=every, run=path, alerts=False) as s:
+        for odd in BRANCHES:
+            model.odd = odd
+            model(torch.ones(2, 3)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return s
+
+
+def by_step(events):
+    """{step: [(event, module), ...]} of (step, seq, event, module) tuples, in seq order."""
+    orders = {}
+    for step, _, event, module in sorted(events):
+        orders.setdefault(step, []).append((event, module))
+    return orders
+
+
+def frame_orders(frame):
+    return by_step(zip(frame.step, frame.seq, frame.event, frame.module, strict=True))
+
+
+@pytest.mark.parametrize("stored", [False, True], ids=["memory", "stored"])
+def test_every_recorded_step_has_its_order(tmp_path, stored):
+    scope = train_branches(tmp_path / "run" if stored else None)
+    assert frame_orders(scope.frame("calls")) == EXPECTED
+    assert by_step((e.step, e.seq, e.event, e.module) for e in scope.calls) == EXPECTED
+    assert list(scope.frame("calls").seq[:4]) == [0, 1, 2, 3]  # in step, then seq, order
+
+
+def test_a_stored_run_reads_every_step_and_stores_each_order_once(tmp_path):
+    train_branches(tmp_path / "run")
+    run = layerscope.load(tmp_path / "run")
+    assert frame_orders(run.calls) == EXPECTED
+    query = "select step, seq, event, module from calls"
+    assert by_step(run.sql(query).itertuples(index=False)) == EXPECTED
+    step_3 = run.sql("select event, module from calls where step = 3 order by seq")
+    assert list(step_3.itertuples(index=False, name=None)) == B_ORDER
+    # The file keeps a repeated order as one row naming its step; so does calls_stored.
+    stored = pq.read_table(tmp_path / "run" / "calls.parquet").to_pydict()
+    assert [s for s, e in zip(stored["step"], stored["event"], strict=True) if e == "same"] == [
+        1,
+        3,
+        5,
+    ]
+    assert len(stored["step"]) == 3 * 4 + 3
+    compact = run.sql("select step, event from calls_stored where event = 'same' order by 1")
+    assert compact.step.tolist() == [1, 3, 5]
+
+
+def test_a_memory_runs_sql_reads_every_step():
+    memory = layerscope.sinks.MemorySink()
+    model = Branching()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with layerscope.watch(model, optimizer=optimizer, every=1, alerts=False, sinks=[memory]):
+        for odd in BRANCHES:
+            model.odd = odd
+            model(torch.ones(2, 3)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    from layerscope.scope._memory_run import MemoryRun
+
+    frame = MemoryRun(memory).sql("select step, seq, event, module from calls")
+    assert by_step(frame.itertuples(index=False)) == EXPECTED
+    assert [e.step for e in memory.calls if e.event == "same"] == [1, 3, 5]
+
+
+def test_steps_between_recorded_ones_have_no_order():
+    scope = train_branches(every=2)  # steps 0, 2 and 4 record: a, b, a
+    orders = frame_orders(scope.frame("calls"))
+    assert orders == {0: A_ORDER, 2: B_ORDER, 4: A_ORDER}
+
+
+def test_an_order_that_stays_is_stored_once_and_read_per_step(tmp_path):
+    model = Branching()
+    scope = train(model, tmp_path / "run", steps=4, every=2)  # steps 0 and 2, both call a
+    assert frame_orders(scope.frame("calls")) == {0: A_ORDER, 2: A_ORDER}
+    assert [event.step for event in scope.calls] == [0, 0, 0, 0, 2, 2, 2, 2]
+    stored = pq.read_table(tmp_path / "run" / "calls.parquet").to_pydict()
+    assert list(zip(stored["step"], stored["event"], strict=True))[-1] == (2, "same")
 
 
 def test_unrecorded_steps_carry_no_call_order_hooks():

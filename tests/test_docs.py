@@ -59,7 +59,9 @@ API_PAGES = {
 
 # Snippets whose output does not depend on the time, the machine's name or a random id: the
 # pages show what they print, and running them again prints the same.
-STABLE_SNIPPETS = ["quickstart", "memory", "merging", "recorded", "steps", "nan", "sql", "rules"]
+STABLE_SNIPPETS = [
+    "quickstart", "memory", "merging", "recorded", "call_order", "steps", "nan", "sql", "rules",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

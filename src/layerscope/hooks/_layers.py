@@ -23,13 +23,13 @@ import torch
 from torch import Tensor, nn
 
 from layerscope.hooks import _gates as gates
+from layerscope.hooks._call_log import CallLog
 from layerscope.hooks._cost import CostMeter
 from layerscope.hooks._handles import HookHandles, in_backward
 from layerscope.hooks._steps import StepClock
 from layerscope.hooks._values import named_tensors
 from layerscope.model import CallEvent, Kind
 from layerscope.recording import Recorder, Target
-from layerscope.sinks import Records
 from layerscope.stats import follow_eager_stance, release_eager_stance
 from layerscope.writer import Pipeline
 
@@ -46,7 +46,7 @@ class LayerHooks:
         kinds: what is recorded.
         clock: steps and gates.
         recorder: where readings go.
-        pipeline: where the call order goes, once.
+        pipeline: where each recorded step's call order goes.
         meter: the training thread's cost.
         fail: counts and warns of a monitoring failure.
         on_training_pass: called when a training pass begins, before it is counted (a step
@@ -72,7 +72,6 @@ class LayerHooks:
         self._kinds = kinds
         self._clock = clock
         self._recorder = recorder
-        self._pipeline = pipeline
         self._meter = meter
         self._fail = fail
         self._on_training_pass = on_training_pass
@@ -88,21 +87,17 @@ class LayerHooks:
         self._pass_ended = True  # a backward pass ended since the pass began
         self._call_counts: dict[tuple[str, str], int] = {}
         self._checkpointed: dict[str, list[int]] = {}  # calls whose grads wait for recompute
-        self._calls: list[CallEvent] = []  # the call order of the step in progress, so far
+        self._call_log = CallLog(pipeline)
         self._calls_open = True  # the step's first training pass is logging its call order
-        self._sent_calls: list[CallEvent] = []
-        self._last_order: list[tuple[str, str, int]] | None = None
 
     @property
     def calls(self) -> list[CallEvent]:
-        """The call order of the first recorded step, and of each later one whose differs.
+        """The call order of every recorded step so far, each event with its step.
 
         Each is the enter and exit order of the watched modules in the step's first training
-        pass; a step whose order is the one before's is left out (most models call their
-        modules alike every step).
+        pass (see ``CallLog`` for how a repeated order is sent short).
         """
-        unsent = self._calls if _order(self._calls) != self._last_order else []
-        return [*self._sent_calls, *unsent]
+        return self._call_log.every_step()
 
     # ---------------------------------------------------------------- registration
 
@@ -169,7 +164,7 @@ class LayerHooks:
         order is logged, as hooks added after the first compiled call never fire.
         """
         if self._static:
-            log = not self._sent_calls and Kind.INPUT not in self._kinds
+            log = not self._call_log.sent_any and Kind.INPUT not in self._kinds
         else:
             log = wanted and self._clock.step_records and Kind.INPUT not in self._kinds
         if log and not len(self._call_order_handles):
@@ -235,7 +230,7 @@ class LayerHooks:
             except Exception as error:
                 self._fail("flushing an evaluation", error)
         self._call_counts.clear()
-        if self._calls:
+        if self._call_log.events:
             self._calls_open = False  # one pass is the call order
 
     def backward_ended(self) -> None:
@@ -243,7 +238,7 @@ class LayerHooks:
         self._pass_ended = True
 
     def step_ended(self) -> None:
-        """The step in progress ends: send its call order if it is new; passes start over."""
+        """The step in progress ends: its call order is sent; passes start over."""
         self.send_calls()
         self._calls_open = True
         self._pass_entries = set()  # the next forward begins a pass
@@ -251,14 +246,8 @@ class LayerHooks:
         self._checkpointed.clear()
 
     def send_calls(self) -> None:
-        """Send the call order of the step in progress, unless it is the last one sent."""
-        calls, self._calls = self._calls, []
-        order = _order(calls)
-        if not calls or order == self._last_order:
-            return
-        self._last_order = order
-        self._sent_calls += calls
-        self._pipeline.submit(Records(calls=calls))
+        """Send the call order of the step in progress (``same`` if it is the last one's)."""
+        self._call_log.send()
 
     # ---------------------------------------------------------------- module hooks
 
@@ -361,18 +350,12 @@ class LayerHooks:
             self._meter.seconds += time.perf_counter() - start
 
     def _log_call(self, event: str, target: Target, call: int) -> None:
-        if self._static and self._sent_calls:
+        if self._static and self._call_log.sent_any:
             return  # a compiled model's entry hooks are gone after its first order (see above)
-        step = self._clock.step
-        self._calls.append(CallEvent(step, len(self._calls), event, target.name, call))
+        self._call_log.log(self._clock.step, event, target, call)
 
 
 def _inputs(args: Any, kwargs: Any) -> Iterator[tuple[str, Tensor]]:
     yield from named_tensors(tuple(args), "in")
     for key, value in (kwargs or {}).items():
         yield from named_tensors(value, f"in.{key}")
-
-
-def _order(calls: list[CallEvent]) -> list[tuple[str, str, int]]:
-    """What makes two steps' call orders the same: their events, whatever the step."""
-    return [(c.event, c.module, c.call) for c in calls]

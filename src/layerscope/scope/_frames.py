@@ -52,9 +52,14 @@ def memory_frame(memory: MemorySink, table: str, stats: list[str]) -> pandas.Dat
     if table == "alerts":
         alerts = [[getattr(alert, name) for name in ALERT_COLUMNS] for alert in memory.alerts]
         return pd.DataFrame(alerts, columns=ALERT_COLUMNS)
+    from layerscope.store import calls_table, expand_orders
+
+    # Every recorded step's order: a repeated one is kept short, as the store keeps it.
+    expanded = expand_orders(calls_table(list(memory.calls), 0))
+    names = column_names(table, stats)
     return pd.DataFrame(
-        [(c.step, c.seq, c.event, c.module, c.call) for c in memory.calls],
-        columns=column_names(table, stats),
+        list(zip(*(expanded.column(name).to_pylist() for name in names), strict=True)),
+        columns=names,
     )
 
 

@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from layerscope._imports import require
 from layerscope.sinks import MemorySink, RunInfo
-from layerscope.store import alerts_table, calls_table, scalars_table, stats_table
+from layerscope.store import (
+    alerts_table,
+    calls_table,
+    expand_orders,
+    scalars_table,
+    stats_table,
+)
 
 if TYPE_CHECKING:
     import pandas
@@ -48,8 +54,10 @@ class MemoryRun:
             "stats": _concat(stats) if stats else _empty_stats(info),
             "scalars": scalars_table(list(memory.scalars), rank[0]),
             "alerts": alerts_table(list(memory.alerts), rank[0]),
-            "calls": calls_table(list(memory.calls), rank[0]),
+            # As stored, then every recorded step's order (as ``Run.sql`` has them).
+            "calls_stored": calls_table(list(memory.calls), rank[0]),
         }
+        self._tables["calls"] = expand_orders(self._tables["calls_stored"])
 
     def __repr__(self) -> str:
         return f"<MemoryRun {self.meta['name']!r} {self.meta['status']}>"

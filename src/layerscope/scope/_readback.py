@@ -70,10 +70,11 @@ class RecordedReads:
 
     @property
     def calls(self) -> list[CallEvent]:
-        """Enter and exit order of the watched modules' forwards in recorded steps.
+        """Enter and exit order of the watched modules' forwards in every recorded step.
 
-        The first recorded step's, then each later recorded step's whose order differs (a
-        model whose branches change between steps); each event carries its step.
+        Each recorded step's first training pass, each event with its step (a model whose
+        branches change between steps shows each step's own). A compiled model's hooks
+        cannot come and go: there only its first recorded step's order is logged.
         """
         return self._layers.calls
 
@@ -100,8 +101,8 @@ class RecordedReads:
         Args:
             table: ``"stats"`` (one row per step, phase, rank, module, kind, tensor and call),
                 ``"scalars"`` (step, name, value), ``"alerts"`` (the health rules' findings)
-                or ``"calls"`` (step, seq, event, module, call: the call order of the first
-                recorded step, and of each later one whose order differs).
+                or ``"calls"`` (step, seq, event, module, call: the call order of every
+                recorded step, as ``calls``).
 
         Returns:
             A new DataFrame; later steps do not change it.

@@ -60,7 +60,11 @@ class RunSummary:
 
 @dataclass(slots=True)
 class Records:
-    """Finalised rows of one flush: statistics, scalars, alerts, and the call order once."""
+    """Finalised rows of one flush: statistics, scalars, alerts, and call orders.
+
+    ``calls`` holds a recorded step's enter and exit events where its order differs from the
+    one sent before it, and one event ``same`` (module "") for a step that repeats it.
+    """
 
     stats: StatsRows | None = None
     scalars: list[tuple[int, str, float]] = field(default_factory=list)

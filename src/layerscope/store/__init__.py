@@ -8,6 +8,7 @@ it back as a ``Run``; ``runs(root)`` lists the runs under a folder. Needs
 from typing import TYPE_CHECKING
 
 from layerscope._lazy import lazy_names
+from layerscope.store._calls import expand_orders
 from layerscope.store._damage import RunFileError, warn_damaged
 from layerscope.store._files import write_bytes
 from layerscope.store._layout import RUN_FILE, directory_rank, rank_directory
@@ -48,6 +49,7 @@ __all__ = [
     "alerts_table",
     "calls_table",
     "directory_rank",
+    "expand_orders",
     "holds_run",
     "load",
     "rank_directory",

@@ -5,7 +5,7 @@
     RUN/stats/            Parquet: seg-000001.parquet ... while running,
     RUN/scalars/          data-000001-000042.parquet once compacted at close
     RUN/alerts/
-    RUN/calls.parquet     the call order of one forward pass
+    RUN/calls.parquet     the call order of every recorded step, once per change
     RUN/rank-00001/       the same files, of rank 1 of a distributed job
     RUN/rank-00002/       ... one directory for each rank but rank 0
 

@@ -272,11 +272,12 @@ class Run:
 
     @property
     def calls(self) -> pandas.DataFrame:
-        """step, seq, event, module, call, rank: call orders of recorded steps, of each rank.
+        """step, seq, event, module, call, rank: every recorded step's call order, of each rank.
 
-        The enter and exit order of the watched modules in a recorded step's first training
-        pass: the first recorded step's, then each later one whose order differs from the
-        last one kept. Runs written before this column have one order and no ``step``.
+        The enter and exit order of the watched modules in each recorded step's first
+        training pass, by step and ``seq``. ``calls.parquet`` stores a repeated order once
+        (see ``layerscope.store._calls``); this, like the ``calls`` view of ``sql``, has it
+        under every step. Runs written before steps were have one order and no ``step``.
         """
         return self._frame("calls")
 
@@ -324,6 +325,10 @@ class Run:
 
     def _frame(self, table: str) -> pandas.DataFrame:
         pieces = read_pieces(self._fs, lambda: self._readable(table), f"{self.path}: {table}")
+        if table == "calls":
+            from layerscope.store._calls import expand_orders
+
+            pieces = [expand_orders(piece) for piece in pieces]
         return table_frame(pieces, self._empty(table))
 
     def _empty(self, table: str) -> Any:

@@ -80,6 +80,21 @@ def create_view(connection: Any, table: str, urls: list[str], rankless: int) -> 
     connection.execute(f"create or replace view {table} as select {columns} from {source}")
 
 
+def create_calls_view(connection: Any, urls: list[str], rankless: int) -> None:
+    """Make ``calls`` every recorded step's order, over ``calls_stored``, the files as stored.
+
+    See ``layerscope.store._calls``: a step that repeats the order before it is stored as one
+    ``same`` row, which the view expands. Files written before steps were have no ``step``:
+    there ``calls`` is the files as they are.
+    """
+    from layerscope.store._calls import EXPANDED_CALLS
+
+    create_view(connection, "calls_stored", urls, rankless)
+    columns = {row[0] for row in connection.execute("describe calls_stored").fetchall()}
+    query = EXPANDED_CALLS if "step" in columns else "select * from calls_stored"
+    connection.execute(f"create or replace view calls as {query}")
+
+
 def duckdb_url(fs: Any, path: str) -> str:
     """``path`` of ``fs`` as DuckDB names it: plain if local, with the protocol otherwise."""
     protocol = fs.protocol
@@ -115,7 +130,10 @@ class Views:
                         if paths:
                             urls = [duckdb_url(fs, path) for path in paths]
                             count = sum(path in rankless for path in paths)
-                            create_view(connection, table, urls, count)
+                            if table == "calls":
+                                create_calls_view(connection, urls, count)
+                            else:
+                                create_view(connection, table, urls, count)
                         else:
                             connection.execute(f"drop view if exists {table}")
                 finally:
