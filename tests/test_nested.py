@@ -255,7 +255,8 @@ def test_transformer_encoder_fast_path_is_read_without_its_padding() -> None:
     assert row["mean"].item() == pytest.approx(reference.mean(), rel=1e-6)
     assert row["std"].item() == pytest.approx(reference.std(ddof=1), rel=1e-6)
     assert row["absmax"].item() == pytest.approx(np.abs(reference).max(), rel=1e-6)
-    nested_input = frame.query("module == 'layers.1.self_attn' and tensor == 'in.0'")
+    # MultiheadAttention.forward(query, key, value, ...): the first argument is its query.
+    nested_input = frame.query("module == 'layers.1.self_attn' and tensor == 'in.query'")
     assert nested_input.numel.tolist() == [reference.size]
 
 

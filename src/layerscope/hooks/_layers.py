@@ -15,7 +15,7 @@ after its first compiled call.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -27,7 +27,7 @@ from layerscope.hooks._call_log import CallLog
 from layerscope.hooks._cost import CostMeter
 from layerscope.hooks._handles import HookHandles, in_backward
 from layerscope.hooks._steps import StepClock
-from layerscope.hooks._values import named_tensors
+from layerscope.hooks._values import InputNames, named_tensors
 from layerscope.model import CallEvent, Kind
 from layerscope.recording import Recorder, Target
 from layerscope.stats import follow_eager_stance, release_eager_stance
@@ -114,8 +114,13 @@ class LayerHooks:
         for child in children.values():
             self._child_entry_handles.add(child.register_forward_pre_hook(entry, prepend=True))
             self._child_entry_handles.add(child.register_forward_hook(leave, always_call=True))
+        # How each forward names its inputs, read from its signature once, here.
+        names = InputNames.cache()
         self._on_enter_hooks = [
-            gates.gated(self._clock, partial(self._on_enter, target, module))
+            gates.gated(
+                self._clock,
+                partial(self._on_enter, target, module, names(module)),
+            )
             for target, module in self._targets
         ]
         self._on_exit_hooks = [
@@ -257,7 +262,13 @@ class LayerHooks:
         return TRAIN if self._root.training and torch.is_grad_enabled() else EVAL
 
     def _on_enter(
-        self, target: Target, watched: nn.Module, module: nn.Module, args: Any, kwargs: Any
+        self,
+        target: Target,
+        watched: nn.Module,
+        names: InputNames,
+        module: nn.Module,
+        args: Any,
+        kwargs: Any,
     ) -> None:
         # A copy of the model (an EMA copy made by deepcopy keeps the hooks) is not watched.
         if not self._clock.recording or in_backward() or module is not watched:
@@ -270,7 +281,7 @@ class LayerHooks:
                 self._log_call("enter", target, call)
             if Kind.INPUT in self._kinds:
                 step = self._clock.pass_step
-                for name, tensor in _inputs(args, kwargs):
+                for name, tensor in names.named(args, kwargs):
                     self._recorder.record(step, target, Kind.INPUT, name, call, phase, tensor)
         except Exception as error:
             self._fail(f"the input hook of {target.name!r}", error)
@@ -353,9 +364,3 @@ class LayerHooks:
         if self._static and self._call_log.sent_any:
             return  # a compiled model's entry hooks are gone after its first order (see above)
         self._call_log.log(self._clock.step, event, target, call)
-
-
-def _inputs(args: Any, kwargs: Any) -> Iterator[tuple[str, Tensor]]:
-    yield from named_tensors(tuple(args), "in")
-    for key, value in (kwargs or {}).items():
-        yield from named_tensors(value, f"in.{key}")
