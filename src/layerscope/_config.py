@@ -61,9 +61,11 @@ class WatchConfig:
         """
         parsed_stats = parse_stats(stats)
         spec = parse_histogram(histogram)
+        kinds = parse_capture(capture, has_optimizer)
+        check_stats_kinds(parsed_stats, kinds)
         return cls(
             schedule=parse_every(every),
-            kinds=parse_capture(capture, has_optimizer),
+            kinds=kinds,
             selection=Selection(
                 include=parse_rules(include, "include", root),
                 exclude=parse_rules(exclude, "exclude", root),
@@ -93,12 +95,26 @@ class WatchConfig:
             "capture": sorted(kind.value for kind in self.kinds),
             **self.selection.texts(),  # include, exclude, types
             "stats": list(self.stats.builtin),
-            "custom_stats": list(self.stats.custom),
+            "custom_stats": list(self.stats.custom_columns),
+            "custom_stats_by_kind": {
+                kind: list(stats) for kind, stats in self.stats.by_kind.items()
+            },
             "histogram": histogram_to_dict(self.histogram),
             "alerts": self.alerts.to_dict(),
             "ranks": self.ranks,
             "start_step": self.start_step,
         }
+
+
+def check_stats_kinds(stats: StatSelection, kinds: frozenset[Kind]) -> None:
+    """Statistics per kind only of kinds that ``capture=`` records, or a ValueError."""
+    missing = [kind for kind in stats.by_kind if Kind(kind) not in kinds]
+    if missing:
+        captured = ", ".join(sorted(kind.value for kind in kinds))
+        raise ValueError(
+            f"stats: statistics for {', '.join(map(repr, missing))}, which capture= does not "
+            f"record (it records {captured})"
+        )
 
 
 def parse_ranks(ranks: object) -> str:

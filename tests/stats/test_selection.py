@@ -180,3 +180,45 @@ def test_watch_takes_one_statistic_as_a_string() -> None:
     assert "mean" not in frame
     assert "hist" not in frame
     assert frame.absmax.tolist() == [pytest.approx(output.detach().abs().max().item())]
+
+
+def test_a_dict_per_kind_adds_to_those_kinds_only() -> None:
+    selection = parse_stats({"activation": {"rms": rms}, "weight": {"norm": rms_of}})
+    assert selection.builtin == BUILTIN_STATS  # built-ins stay every kind's
+    assert dict(selection.custom) == {}
+    assert selection.custom_columns == ("rms", "norm")
+    assert dict(selection.for_kind("activation")) == {"rms": rms}
+    assert dict(selection.for_kind("weight")) == {"norm": rms_of}
+    assert dict(selection.for_kind("grad")) == {}  # a kind it does not name: built-ins only
+
+
+def test_every_kinds_and_a_kinds_own_statistics_combine() -> None:
+    selection = parse_stats(["mean", {"rms": rms}, {"weight": {"rms": rms_of, "norm": rms_of}}])
+    assert selection.builtin == ("mean",)
+    assert selection.custom_columns == ("rms", "norm")
+    assert dict(selection.for_kind("weight")) == {"rms": rms_of, "norm": rms_of}  # its own wins
+    assert dict(selection.for_kind("input")) == {"rms": rms}
+
+
+@pytest.mark.parametrize("kind", ["activations", "weights", "out", 3])
+def test_an_unknown_kind_names_stats_and_lists_the_kinds(kind: object) -> None:
+    with pytest.raises(ValueError, match="unknown kind") as raised:
+        parse_stats({kind: {"rms": rms}})
+    message = str(raised.value)
+    assert message.startswith(f"stats: unknown kind {kind!r}")
+    assert "activation, input, grad, weight, weight_grad, update, buffer" in message
+
+
+@pytest.mark.parametrize("value", [["absmax"], "absmax", rms])
+def test_a_kinds_statistics_must_be_a_dict(value: object) -> None:
+    with pytest.raises(TypeError, match=r"stats\['weight'\]: expected a dict of name -> callable"):
+        parse_stats({"weight": value, "activation": {"rms": rms}})
+
+
+def test_a_kinds_custom_names_are_checked_as_any() -> None:
+    with pytest.raises(ValueError, match="clash with the stats table's column 'mean'"):
+        parse_stats({"weight": {"mean": rms}})
+    with pytest.raises(ValueError, match="differ only in case"):
+        parse_stats({"weight": {"rms": rms}, "grad": {"RMS": rms}})
+    with pytest.raises(TypeError, match="must be callable"):
+        parse_stats({"weight": {"rms": 3}})

@@ -19,6 +19,7 @@ from torch import Tensor
 from layerscope.model import STATE_KINDS, Form, Identities, Identity, Kind
 from layerscope.recording._batches import Batch, Extreme
 from layerscope.recording._buffer import DeviceRows
+from layerscope.recording._custom import KindStats, compute_custom
 from layerscope.recording._nested import shape_of, values_of
 from layerscope.recording._readings import CustomRef, Readings
 from layerscope.recording._reads import check_strided, local_part, version_of
@@ -48,6 +49,7 @@ class _Seen(NamedTuple):  # a NamedTuple: a frozen dataclass takes 0.7 us to mak
     buffer_id: int
     row: int
     custom: tuple[CustomRef, ...]
+    stats: Mapping[str, CustomStat]  # the custom statistics ``custom`` holds
 
 
 class Recorder:
@@ -60,9 +62,10 @@ class Recorder:
         identities: Identities,
         pipeline: BatchOutlet,
         fail: Callable[[str, BaseException], None],
+        custom_by_kind: Mapping[str, Mapping[str, CustomStat]] | None = None,
     ) -> None:
         self.histogram = histogram
-        self.custom = custom
+        self.custom = KindStats(custom, custom_by_kind)  # custom statistics, by kind
         self.identities = identities
         self.pipeline = pipeline
         self.buffers: dict[torch.device, tuple[int, DeviceRows]] = {}
@@ -103,14 +106,17 @@ class Recorder:
         values = values_of(tensor)  # a nested tensor's elements, any other tensor itself
         check_strided(values)
         seen = self._seen.get(id(tensor))
+        stats = self.custom.of(kind)
         if seen is not None and seen.tensor() is tensor and seen.version == version_of(tensor):
             buffer_id, index, custom = seen.buffer_id, seen.row, seen.custom
+            if seen.stats is not stats:  # recorded before as a kind with other custom stats
+                custom = self._custom_stats(self._rows_on(tensor.device)[1], values, stats)
         else:
             buffer_id, rows = self._rows_on(tensor.device)
             index = rows.reserve()
             write_partials(values, self.histogram, rows.data, index)
-            custom = self._custom_stats(rows, values) if self.custom else ()
-            self._remember(tensor, buffer_id, index, custom)
+            custom = self._custom_stats(rows, values, stats)
+            self._remember(tensor, buffer_id, index, custom, stats)
         self._add(step, target, kind, name, call, phase, tensor, shard, also_owned_by,
                   (buffer_id, index, custom))  # fmt: skip
         self._flush_if_full()
@@ -140,7 +146,7 @@ class Recorder:
                 self._fail(f"reading {kind.value} of {len(members)} tensors", error)
                 continue
             for index, entry in enumerate(members, start=first):
-                custom = self._custom_stats(rows, entry.tensor) if self.custom else ()
+                custom = self._custom_stats(rows, entry.tensor, self.custom.of(kind))
                 self._add(step, entry.target, kind, entry.name, 0, phase, entry.tensor,
                           entry.shard, entry.also_owned_by, (buffer_id, index, custom))  # fmt: skip
         self._flush_if_full()  # after the groups: a flush empties the rows they point to
@@ -174,12 +180,18 @@ class Recorder:
         return groups
 
     def _remember(
-        self, tensor: Tensor, buffer_id: int, index: int, custom: tuple[CustomRef, ...]
+        self,
+        tensor: Tensor,
+        buffer_id: int,
+        index: int,
+        custom: tuple[CustomRef, ...],
+        stats: Mapping[str, CustomStat],
     ) -> None:
         """Let a later reading of ``tensor``, unchanged, share its row."""
         version = version_of(tensor)
         if version is not None:
-            self._seen[id(tensor)] = _Seen(weakref.ref(tensor), version, buffer_id, index, custom)
+            seen = _Seen(weakref.ref(tensor), version, buffer_id, index, custom, stats)
+            self._seen[id(tensor)] = seen
 
     def _add(
         self,
@@ -369,25 +381,10 @@ class Recorder:
             self.partial = not final
             self.last_flush = time.monotonic()
 
-    def _custom_stats(self, rows: DeviceRows, tensor: Tensor) -> tuple[CustomRef, ...]:
-        if not tensor.is_floating_point():
-            return ()
-        out = []
-        with torch.no_grad():
-            for name, fn in self.custom.items():
-                try:
-                    value = fn(tensor.detach())
-                    if not isinstance(value, Tensor):
-                        value = torch.tensor(float(value), dtype=torch.float64)
-                    if value.dim() > 1:
-                        raise ValueError(
-                            f"returned shape {tuple(value.shape)}, expected 0-d or 1-D"
-                        )
-                    offset, length = rows.add_values(value)
-                    out.append((name, offset, length, value.dim() == 0, tensor.numel()))
-                except Exception as error:
-                    self._fail(f"custom statistic {name!r}", error)
-        return tuple(out)
+    def _custom_stats(
+        self, rows: DeviceRows, tensor: Tensor, stats: Mapping[str, CustomStat]
+    ) -> tuple[CustomRef, ...]:
+        return compute_custom(rows, tensor, stats, self._fail) if stats else ()
 
     def _rows_on(self, device: torch.device) -> tuple[int, DeviceRows]:
         entry = self.buffers.get(device)

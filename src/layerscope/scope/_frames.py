@@ -23,7 +23,7 @@ def stats_columns(stats: StatSelection, histogram: bool) -> list[str]:
     """The stats table's columns, in order, for this selection of statistics."""
     names = [*KEY_COLUMNS, *META_COLUMNS]
     names += [name for name in stats.builtin if name != "hist" or histogram]
-    return names + list(stats.custom)
+    return names + list(stats.custom_columns)
 
 
 def column_names(table: str, stats: list[str]) -> list[str]:

@@ -137,7 +137,12 @@ class Scope(RecordedReads):
         # A scope left open at exit is closed then, so the writer writes what it holds.
         lifecycle.track(self)
         self._recorder = Recorder(
-            config.histogram, config.stats.custom, self._identities, self._pipeline, self._fail
+            config.histogram,
+            config.stats.custom,
+            self._identities,
+            self._pipeline,
+            self._fail,
+            custom_by_kind=config.stats.by_kind,
         )
         self._recorder.open_steps = self._clock.open_steps
         self._layers = LayerHooks(

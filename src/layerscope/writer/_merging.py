@@ -197,7 +197,7 @@ def finalize_merged(
         name: [_custom_value(sums.get(name)) for sums in merged.custom]
         if merged.custom is not None
         else [None] * rows
-        for name in selection.custom
+        for name in selection.custom_columns  # null in rows of kinds without it
     }
     has_hist = "hist" in selection.builtin and merged.rows.shape[1] > WIDTH
     return StatsRows(
