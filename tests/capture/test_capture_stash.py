@@ -92,7 +92,7 @@ def test_stash_gets_the_module_its_call_and_the_tensor_and_keeps_what_it_returns
     assert forward.module is model[0]
     assert forward.args[0] is x
     assert forward.kwargs == {}
-    assert by_key[("0", "input", "in.0")].value.equal(x)
+    assert by_key[("0", "input", "in.input")].value.equal(x)  # Linear.forward(self, input)
     grad = by_key[("2", "grad", "out")]
     assert grad.args == ()
     assert grad.kwargs == {}

@@ -122,7 +122,7 @@ def test_values_are_detached_and_compact_even_when_a_view_of_a_batch():
         row, cols = model(big * 1.0)
         (row.sum() + cols.sum()).backward()
     values = {r.tensor: r.value for r in cap.records}
-    assert set(values) == {"in.0", "out.0", "out.1"}
+    assert set(values) == {"in.x", "out.0", "out.1"}
     for name, value in values.items():
         assert value.grad_fn is None, name
         assert not value.requires_grad, name
@@ -138,7 +138,7 @@ def test_inputs_are_copied_before_an_inplace_module_changes_them():
     with layerscope.capture(model, include="^1$", kinds="input") as cap:
         out = model(x)
     (record,) = cap.records
-    assert (record.kind, record.tensor) == ("input", "in.0")
+    assert (record.kind, record.tensor) == ("input", "in.input")
     assert (record.value < 0).any()
     assert not (out < 0).any()
     assert torch.equal(record.value.clamp(min=0), out.detach())
@@ -230,3 +230,22 @@ def test_every_zoo_model_is_captured_without_a_failure(name):
         value = record.value
         assert value.grad_fn is None
         assert value.untyped_storage().nbytes() == value.numel() * value.element_size()
+
+
+def test_inputs_are_named_as_watch_names_them():
+    class Gate(nn.Module):
+        def forward(self, x: Tensor, *rest: Tensor, mask: Tensor | None = None) -> Tensor:
+            return x * mask if mask is not None else x + sum(rest)
+
+    model = nn.Sequential(Gate())
+    x, y, mask = torch.randn(2, 3), torch.randn(2, 3), torch.ones(2, 3)
+    with layerscope.capture(model, include="^0$", kinds="input") as cap:
+        model[0](x, y)
+        model[0](x, mask=mask)
+    with layerscope.watch(model, every=1, capture=["input"], include="^0$") as scope:
+        model[0](x, y)
+        model[0](x, mask=mask)
+        scope.step()
+    captured = [(r.call, r.tensor) for r in cap.records]
+    assert captured == [(0, "in.x"), (0, "in.1"), (1, "in.x"), (1, "in.mask")]
+    assert set(scope.frame()["tensor"]) == {name for _, name in captured}

@@ -17,12 +17,13 @@ from layerscope.hooks._nonfinite_stop import nonfinite_error, stop_schedule
 from layerscope.hooks._optimizers import parse_optimizers
 from layerscope.hooks._parameters import ParameterReads, StepCall
 from layerscope.hooks._steps import MicroBatchScalars, StepClock
-from layerscope.hooks._values import named_tensors
+from layerscope.hooks._values import InputNames, named_tensors
 
 __all__ = [
     "CostMeter",
     "GradientMoments",
     "HookHandles",
+    "InputNames",
     "LayerHooks",
     "MicroBatchScalars",
     "ModuleClaims",

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from layerscope.hooks import HookHandles, in_backward, named_tensors
+from layerscope.hooks import HookHandles, InputNames, in_backward, named_tensors
 from layerscope.model import Kind, select, unwrap
 from layerscope.tensors._keeping import TRAIN, Target, ValueKeeper
 from layerscope.tensors._options import CaptureOptions
@@ -174,18 +174,20 @@ class Capture(ValueKeeper):
             self._moments.attach()
         if not self._options.kinds & PASS_KINDS:
             return
+        input_names = InputNames.cache()  # each forward's signature read once
         for target in self._targets:
             module = target.module()
             if module is None:
                 continue
             if Kind.INPUT in self._options.kinds:
-                pre = module.register_forward_pre_hook(self._input_hook(target), with_kwargs=True)
+                hook = self._input_hook(target, input_names(module))
+                pre = module.register_forward_pre_hook(hook, with_kwargs=True)
                 self._handles.add(pre)
             # Also for inputs alone: it counts the calls.
             output_hook = self._output_hook(target)
             self._handles.add(module.register_forward_hook(output_hook, with_kwargs=True))
 
-    def _input_hook(self, target: Target) -> Callable[..., None]:
+    def _input_hook(self, target: Target, names: InputNames) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if self._closed or module is not target.module() or in_backward():
                 return
@@ -194,10 +196,7 @@ class Capture(ValueKeeper):
                 return
             phase = self._phase()
             call = self._calls.get((target.name, phase, step), 0)  # the output hook counts it
-            tensors = [*named_tensors(tuple(args), "in")]
-            for key, value in (kwargs or {}).items():
-                tensors.extend(named_tensors(value, f"in.{key}"))
-            for name, tensor in tensors:
+            for name, tensor in list(names.named(tuple(args), kwargs)):
                 self._offer(target, Kind.INPUT, name, step, phase, call, tensor, args, kwargs)
             self._warn_pending()
 
