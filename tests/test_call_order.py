@@ -6,6 +6,15 @@ import torch
 from torch import nn
 
 import layerscope
+from layerscope.hooks import _gates as gates
+
+
+@pytest.fixture(autouse=True)
+def nothing_compiled(request, monkeypatch):
+    """Uncompiled processes, whatever an earlier test compiled: once anything is compiled the
+    hooks stay on for good, and only the first recorded step's order is logged."""
+    if "compiled" not in request.node.name:
+        monkeypatch.setattr(gates, "user_compiled_anything", lambda: False)
 
 
 class Branching(nn.Module):
@@ -152,8 +161,6 @@ def test_unrecorded_steps_carry_no_call_order_hooks():
 
 def test_a_compiled_models_order_is_its_first_recorded_steps(monkeypatch):
     """Hooks of a compiled model stay as they are: only the first order is logged, whole."""
-    from layerscope.hooks import _gates as gates
-
     monkeypatch.setattr(gates, "user_compiled_anything", lambda: True)
     model = Branching()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
