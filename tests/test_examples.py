@@ -67,3 +67,29 @@ def test_whole_tensors_example_keeps_renders_and_animates(tmp_path):
     for name in ("0-weight-heatmap.gif", "3-activation-pca.gif"):
         with Image.open(animations / name) as gif:
             assert gif.n_frames == 12
+
+
+def test_torchember_example_names_inputs_keeps_each_kinds_statistics_and_every_order(tmp_path):
+    out = run_example("migrating/from_torchember.py", cwd=tmp_path)
+    assert "encoder's input rows: ['in.input']" in out
+    assert re.search(r"encoder's output rms at step 0: \d+\.\d{6}\n", out)
+    assert "rms of weight rows: all null" in out
+    assert "modules: ['', 'encoder', 'left', 'right']" in out
+    assert "step 2 entered: ['encoder', 'left']" in out
+    assert "step 3 entered: ['encoder', 'right']" in out
+
+
+def test_tensor_tracker_example_keeps_floats_events_reductions_and_predicates(tmp_path):
+    out = run_example("migrating/from_tensor_tracker.py", cwd=tmp_path)
+    assert "stash_value kept: [('0', 'float'), ('2', 'float')]" in out
+    assert "stash kept: [('activation', 'Linear'), ('grad', 'Linear')]" in out
+    assert re.search(r"1 activation\s+3\n\s+3 activation\s+3\n", out)
+    assert "predicate picked: ['0', '2']" in out
+
+
+def test_pytorch_inspector_example_films_activations_and_weight_gradients(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = run_example("migrating/from_pytorch_inspector.py", "--out", tmp_path, cwd=tmp_path)
+    for name in ("0-activation-out", "0-weight_grad-weight", "0-weight_grad-bias"):
+        assert f"run/videos/heatmap/{name}-train.gif: 4 frames" in out
+    assert "frames dropped: 0" in out
