@@ -36,6 +36,8 @@ class WatchConfig:
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     ranks: str = "each"  # "each": a rank's rows are its own; "merge": whole-job rows
     start_step: int = 0  # the first step's number: a resumed training's global step
+    # The gradient noise scale: False (off), True (micro-batch size inferred) or that size.
+    noise_scale: bool | int = False
 
     @classmethod
     def from_arguments(
@@ -52,6 +54,7 @@ class WatchConfig:
         alerts: object = True,
         ranks: object = "each",
         start_step: object = 0,
+        noise_scale: object = False,
         root: nn.Module | None = None,
     ) -> WatchConfig:
         """Validate ``watch()``'s arguments; errors name the argument and what was expected.
@@ -76,6 +79,7 @@ class WatchConfig:
             alerts=parse_alerts(alerts),
             ranks=parse_ranks(ranks),
             start_step=parse_start_step(start_step),
+            noise_scale=parse_noise_scale(noise_scale),
         )
 
     def histogram_edges(self) -> list[float] | None:
@@ -103,6 +107,7 @@ class WatchConfig:
             "alerts": self.alerts.to_dict(),
             "ranks": self.ranks,
             "start_step": self.start_step,
+            "noise_scale": self.noise_scale,
         }
 
 
@@ -122,6 +127,20 @@ def parse_ranks(ranks: object) -> str:
     if ranks not in RANKS:
         raise ValueError(f"ranks: expected one of {RANKS}, got {ranks!r}")
     return str(ranks)
+
+
+def parse_noise_scale(noise_scale: object) -> bool | int:
+    """``watch(noise_scale=)``: False, True (the micro-batch size inferred), or an int >= 1."""
+    if isinstance(noise_scale, bool):
+        return noise_scale
+    if not isinstance(noise_scale, int):
+        raise TypeError(
+            f"noise_scale: expected False, True or the micro-batch size (an int >= 1), "
+            f"got {type(noise_scale).__name__}"
+        )
+    if noise_scale < 1:
+        raise ValueError(f"noise_scale: expected a micro-batch size >= 1, got {noise_scale}")
+    return noise_scale
 
 
 def parse_start_step(start_step: object) -> int:

@@ -40,6 +40,7 @@ def watch(
     tensors: str | Sequence[str] | Mapping[str, Any] | None = None,
     on_tensor: Callable[[Record, Path | None], object] | None = None,
     workers: int | None = None,
+    noise_scale: bool | int = False,
 ) -> Scope:
     """Record statistics of every layer of ``model`` while it trains.
 
@@ -111,6 +112,16 @@ def watch(
             counted, so training never waits for them; a callback that raises is reported
             once and its worker restarted.
         workers: how many worker processes run ``on_tensor`` (default 1).
+        noise_scale: estimate the gradient noise scale ``B_simple`` of each recorded step
+            that accumulates gradients over micro-batches (two backward passes or more),
+            for each watched module and the model, as the step's scalars
+            ``noise/<module>/B_simple`` and ``noise/B_simple``, with the estimates of the
+            squared gradient norm (``grad_norm_sq``) and the gradients' covariance trace
+            (``trace_cov``) beside them (McCandlish et al. 2018, appendix A). True infers
+            the micro-batch size from the first tensor the model's forward takes; an int
+            gives it. Each micro-batch's loss is taken to be divided by their count. On
+            recorded steps only, it costs two dot products per parameter and micro-batch
+            and no copy of the gradients; unrecorded steps carry no hook for it.
 
     Returns:
         A ``Scope``: a context manager whose exit removes every hook.
@@ -149,6 +160,7 @@ def watch(
         alerts=alerts,
         ranks=ranks,
         start_step=start_step,
+        noise_scale=noise_scale,
         root=unwrap(model),
     )
     tensors_spec = parse_tensors(tensors)

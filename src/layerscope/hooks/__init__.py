@@ -7,12 +7,15 @@ step ``LayerHooks`` hands each activation, input and output gradient, and ``Para
 each weight, weight gradient and optimizer update, to the ``Recorder``
 (``layerscope.recording``); on the others the gradients' sentinel reads only their extremes.
 ``alerts="raise"`` stops training here, at the step of the first non-finite value.
+``NoiseScale`` (opt-in) estimates the gradient noise scale of recorded steps from their
+micro-batches' gradients, as scalars of the step.
 """
 
 from layerscope.hooks._cost import CostMeter
 from layerscope.hooks._grad_moment import GradientMoments
 from layerscope.hooks._handles import HookHandles, ModuleClaims, in_backward
 from layerscope.hooks._layers import LayerHooks
+from layerscope.hooks._noise_scale import NoiseScale
 from layerscope.hooks._nonfinite_stop import nonfinite_error, stop_schedule
 from layerscope.hooks._optimizers import parse_optimizers
 from layerscope.hooks._parameters import ParameterReads, StepCall
@@ -27,6 +30,7 @@ __all__ = [
     "LayerHooks",
     "MicroBatchScalars",
     "ModuleClaims",
+    "NoiseScale",
     "ParameterReads",
     "StepCall",
     "StepClock",

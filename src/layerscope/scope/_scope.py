@@ -30,6 +30,7 @@ from layerscope.hooks import (
     LayerHooks,
     MicroBatchScalars,
     ModuleClaims,
+    NoiseScale,
     ParameterReads,
     StepCall,
     StepClock,
@@ -168,10 +169,13 @@ class Scope(RecordedReads):
             self._fail,
             end_step=self._finish_step,
         )
+        self._noise = NoiseScale(self._root, targets, config.noise_scale, self._clock,
+                                 self._recorder, self._meter, self._fail)  # fmt: skip
         self._whole: WholeTensors | None = None
         try:
             self._layers.register()
             self._parameters.register(on_backward=self._layers.backward_ended)
+            self._noise.step_begins()
             if tensors is not None:
                 self._whole = WholeTensors(
                     self._root,
@@ -304,6 +308,7 @@ class Scope(RecordedReads):
         finally:
             self._layers.remove()
             self._parameters.remove()
+            self._noise.remove()
             self._claims.release()
             if self._whole is not None:
                 self._whole.close(timeout)
@@ -347,6 +352,7 @@ class Scope(RecordedReads):
         clock = self._clock
         if clock.step_records:
             self._parameters.read_at_step_end(skipped)
+        self._noise.step_ends(clock.step, skipped)
         # Raised once the step has ended, so that the scope stays whole to be closed.
         stop = nonfinite_error(self._recorder, clock.step, skipped) if self._stops else None
         if skipped:
@@ -364,6 +370,7 @@ class Scope(RecordedReads):
                 self._fail("keeping whole tensors", error)
         self._layers.sync()
         self._parameters.step_ended()
+        self._noise.step_begins()
         self._failures.warn_pending()
         self._pipeline.log_alerts()
         if stop is not None:
