@@ -1,6 +1,10 @@
 """The gradient noise scale: watch(noise_scale=) against a float64 estimator by hand."""
 
 import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -193,3 +197,35 @@ def test_unknown_micro_batch_size_warns_once_and_training_goes_on():
 def test_bad_noise_scale_is_refused_by_name(value, error, match):
     with pytest.raises(error, match=match):
         layerscope.watch(nn.Linear(2, 2), noise_scale=value)
+
+
+def test_the_steps_page_snippet_prints_what_the_page_shows(tmp_path):
+    pytest.importorskip("pandas")
+    snippets = Path(__file__).resolve().parents[1] / "docs" / "snippets"
+    done = subprocess.run(
+        [sys.executable, str(snippets / "noise_scale.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        # This layerscope, wherever the test found it (an installed copy, or src/).
+        env={**os.environ, "PYTHONPATH": str(Path(layerscope.__file__).parents[1])},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (snippets / "noise_scale.out").read_text()
+
+
+def test_scalars_are_in_the_run_store(tmp_path):
+    model = _mlp(torch.float64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(5)
+    expected = {}
+    with layerscope.watch(model, optimizer=optimizer, run=tmp_path / "run", every=1,
+                          noise_scale=B):  # fmt: skip
+        _accumulate(model, optimizer, _batches(generator, torch.float64), expected)
+    run = layerscope.load(tmp_path / "run")
+    scalars = run.scalars.query("step == 0").set_index("name")["value"]
+    by_hand = _by_hand(expected["2"], B)
+    for name, value in by_hand.items():
+        assert scalars[f"noise/2/{name}"] == pytest.approx(value, rel=1e-9)
+    assert run.meta["config"]["noise_scale"] == B
