@@ -108,7 +108,8 @@ def main() -> None:
             "copy of the gradients is kept; each parameter holds two 0-d sums during a "
             "recorded step, and a gradient that is not float32 or float64 (or not contiguous) "
             "is flattened into a float32 copy, one parameter at a time, while its hook "
-            "runs.\n\n" + text,
+            "runs. An unrecorded step carries no hook of the noise scale: its ratio is the "
+            "machine's noise, which was large (other work shared the 2 cores).\n\n" + text,
         )
 
 
