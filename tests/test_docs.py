@@ -26,6 +26,7 @@ API_PAGES = {
         "layerscope.Run.sql",
         "layerscope.Run.stats",
         "layerscope.runs",
+        "layerscope.precision",
         "layerscope.store.ParquetStore",
     ],
     "reference/schedule": ["layerscope.Schedule"],

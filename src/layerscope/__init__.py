@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from layerscope._watch import watch
     from layerscope.model import CallEvent, Kind, ModuleInfo
     from layerscope.scope import Scope, animate
-    from layerscope.store import Run, load, runs
+    from layerscope.store import Run, load, precision, runs
     from layerscope.tensors import capture, load_capture
 
 # Each public name and the module that defines it, imported on first use.
@@ -47,6 +47,7 @@ _HOMES = {
     "capture": "layerscope.tensors",
     "load": "layerscope.store",
     "load_capture": "layerscope.tensors",
+    "precision": "layerscope.store",
     "runs": "layerscope.store",
     "watch": "layerscope._watch",
     **{name: f"layerscope.{name}" for name in ("health", "sinks", "stats", "store", "tensors")},
@@ -68,6 +69,7 @@ __all__ = [
     "health",
     "load",
     "load_capture",
+    "precision",
     "runs",
     "sinks",
     "stats",

@@ -27,7 +27,37 @@ EXACT_FIELDS = (
     Field.INF,
     Field.NEG,
     Field.POS,
+    Field.E4M3_OVER,
+    Field.E4M3_UNDER,
+    Field.E5M2_OVER,
+    Field.E5M2_UNDER,
+    Field.FP16_OVER,
+    Field.FP16_UNDER,
+    Field.BF16_OVER,
+    Field.BF16_UNDER,
 )
+
+#: Each low-precision format's largest finite value and smallest positive subnormal, from the
+#: formats' definitions (sign, exponent bits, mantissa bits, bias), not from layerscope.
+FORMAT_LIMITS = {
+    "E4M3": (1.75 * 2.0**8, 2.0 ** (1 - 7 - 3)),  # no Inf: all-ones exponent is normal but NaN
+    "E5M2": (1.75 * 2.0**15, 2.0 ** (1 - 15 - 2)),
+    "FP16": ((2 - 2.0**-10) * 2.0**15, 2.0 ** (1 - 15 - 10)),
+    "BF16": ((2 - 2.0**-7) * 2.0**127, 2.0 ** (1 - 127 - 7)),
+}
+
+
+def headroom_reference(a: np.ndarray) -> dict[str, int]:
+    """Per format: finite values with ``|x| > max`` and values with ``0 < |x| < smallest``."""
+    magnitude = np.abs(a.astype(np.float64))
+    counts = {}
+    for name, (largest, smallest) in FORMAT_LIMITS.items():
+        counts[f"{name}_OVER"] = int(
+            np.count_nonzero(np.isfinite(magnitude) & (magnitude > largest))
+        )
+        counts[f"{name}_UNDER"] = int(np.count_nonzero((magnitude > 0) & (magnitude < smallest)))
+    return counts
+
 
 #: Deterministic, no example database, no per-example deadline (first calls warm torch up).
 SETTINGS = settings(
@@ -87,6 +117,9 @@ def reference_row(a: np.ndarray, only_counts: bool = False) -> np.ndarray:
     row[Field.INF] = 0 if only_counts else np.count_nonzero(np.isinf(a))
     row[Field.NEG] = np.count_nonzero(a < 0)
     row[Field.POS] = np.count_nonzero(a > 0)
+    if not only_counts:
+        for name, count in headroom_reference(a).items():
+            row[Field[name]] = count
     return row
 
 
@@ -133,7 +166,27 @@ def reference_stats(a: np.ndarray, only_counts: bool = False) -> dict[str, float
         "pos_frac": np.count_nonzero(a > 0) / numel if numel else nan,
         "nan_count": 0 if only_counts else int(np.count_nonzero(np.isnan(a))),
         "inf_count": 0 if only_counts else int(np.count_nonzero(np.isinf(a))),
+        **{
+            name.lower(): 0 if only_counts else count
+            for name, count in headroom_reference(a).items()
+        },
+        **{
+            f"{name.lower()}_scale_exp": brute_force_scale(absmax, largest)
+            for name, (largest, _) in FORMAT_LIMITS.items()
+        },
     }
+
+
+def brute_force_scale(absmax: float, largest: float) -> float:
+    """The largest k with absmax * 2**k <= largest, by stepping k (ldexp is exact here)."""
+    if not (0 < absmax < math.inf):
+        return math.nan
+    k = 0
+    while math.ldexp(absmax, k) > largest:
+        k -= 1
+    while math.ldexp(absmax, k + 1) <= largest:
+        k += 1
+    return float(k)
 
 
 def _same(got: float, want: float) -> bool:
@@ -165,6 +218,9 @@ def check_stats(
         assert got[key] == ref[key], key
     for key in ("min", "max", "absmax", "zero_frac", "neg_frac", "pos_frac"):
         assert _same(got[key], ref[key]), (key, got[key], ref[key])
+    for key in ref.keys() & got.keys():  # the formats' counts and scales: exact
+        if key.startswith(("e4m3_", "e5m2_", "fp16_", "bf16_")):
+            assert _same(got[key], ref[key]), (key, got[key], ref[key])
     for key in ("mean", "std", "l2"):
         assert math.isnan(got[key]) == math.isnan(ref[key]), (key, got[key], ref[key])
     if math.isnan(ref["mean"]):

@@ -20,12 +20,12 @@ from stats_reference import (
     values_of,
 )
 
-from layerscope.stats import BUILTIN_STATS, Field, finalize
+from layerscope.stats import BUILTIN_STATS, PRECISION_COUNTS, Field, finalize
 from layerscope.stats._layout import WIDTH
 
 NAN = math.nan
 _KEYS = {"numel", *BUILTIN_STATS} - {"hist"}
-_INT_KEYS = {"numel", "nan_count", "inf_count"}
+_INT_KEYS = {"numel", "nan_count", "inf_count", *PRECISION_COUNTS}
 
 
 def finalize_one(a: np.ndarray, only_counts: bool = False) -> dict[str, float]:

@@ -62,7 +62,8 @@ print(json.dumps({
 }))
 """
 # numel, count, mean, M2, min, max, zeros, nan, inf, neg, pos; then 4 histogram slots
-_ROW = [4.0, 3.0, -0.333333333333, 4.666666666667, -2.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+# [1, -2, nan, 0]: every low-precision format holds it (the last 8 fields).
+_ROW = [4.0, 3.0, -0.333333333333, 4.666666666667, -2.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, *[0.0] * 8]
 _HIST = [1, 1, 1, 1]
 
 

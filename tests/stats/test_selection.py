@@ -31,7 +31,10 @@ def test_none_is_every_builtin() -> None:
 def test_builtin_tuple_is_complete_and_ordered() -> None:
     assert BUILTIN_STATS == (
         "mean", "std", "min", "max", "absmax", "l2",
-        "zero_frac", "neg_frac", "pos_frac", "nan_count", "inf_count", "hist",
+        "zero_frac", "neg_frac", "pos_frac", "nan_count", "inf_count",
+        "e4m3_over", "e4m3_under", "e4m3_scale_exp", "e5m2_over", "e5m2_under", "e5m2_scale_exp",
+        "fp16_over", "fp16_under", "fp16_scale_exp", "bf16_over", "bf16_under", "bf16_scale_exp",
+        "hist",
     )  # fmt: skip
 
 

@@ -14,7 +14,13 @@ import os
 import numpy as np
 import pytest
 import torch
-from tests.stats.stats_reference import EXACT_FIELDS, log2_reference, reference_row
+from tests.stats.stats_reference import (
+    EXACT_FIELDS,
+    FORMAT_LIMITS,
+    headroom_reference,
+    log2_reference,
+    reference_row,
+)
 
 from layerscope.stats import Field, LinearHistogram, Log2Histogram
 from layerscope.stats._layout import WIDTH
@@ -188,3 +194,18 @@ def test_group_extremes_are_aminmax_with_nan_winning(dtype: torch.dtype) -> None
             assert all(math.isnan(v) for v in got)
         else:
             assert got == [values.min().item(), values.max().item()]
+
+
+@pytest.mark.parametrize("dtype", FLOATS + FP8)
+def test_the_formats_counts_at_their_exact_limits(dtype: torch.dtype) -> None:
+    # Each format's largest value and smallest subnormal, and the float32 on either side.
+    values = [0.0, math.inf, math.nan, 2.0**-149, 1e39]
+    for largest, smallest in FORMAT_LIMITS.values():
+        for limit in (np.float32(largest), np.float32(smallest)):
+            for side in (0.0, np.inf):
+                values += [float(np.nextafter(limit, np.float32(side))), -float(limit)]
+    x = torch.tensor(values * 40, dtype=torch.float64).to(dtype)  # several blocks and programs
+    got = _row_of(x, None)
+    want = reference_row(x.double().numpy())
+    for name in headroom_reference(np.zeros(1)):
+        assert got[Field[name]].item() == want[Field[name]], name

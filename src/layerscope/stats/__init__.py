@@ -25,6 +25,15 @@ from layerscope._lazy import lazy_names
 
 # What a user computing statistics by hand, or writing a sink or a custom statistic, needs,
 # and what the recorder, the writer and the readers of a run take from here.
+from layerscope.stats._formats import (
+    FORMAT_NAMES,
+    FORMATS,
+    PRECISION_COUNTS,
+    PRECISION_STATS,
+    Format,
+    format_named,
+    scale_exponent,
+)
 from layerscope.stats._histogram import (
     LOG2_BINS,
     HistogramSpec,
@@ -34,7 +43,7 @@ from layerscope.stats._histogram import (
     log2_bin_edges,
     parse_histogram,
 )
-from layerscope.stats._layout import WIDTH, Field
+from layerscope.stats._layout import WIDTH, Field, Merge
 from layerscope.stats._selection import (
     BUILTIN_STATS,
     CustomStat,
@@ -85,17 +94,24 @@ __getattr__ = lazy_names(
 
 __all__ = [
     "BUILTIN_STATS",
+    "FORMATS",
+    "FORMAT_NAMES",
     "LOG2_BINS",
+    "PRECISION_COUNTS",
+    "PRECISION_STATS",
     "WIDTH",
     "CustomStat",
     "Field",
+    "Format",
     "HistogramSpec",
     "LinearHistogram",
     "Log2Histogram",
+    "Merge",
     "StatSelection",
     "check_fits",
     "finalize",
     "follow_eager_stance",
+    "format_named",
     "group_reads",
     "is_custom_stat_name",
     "kernel_name",
@@ -106,6 +122,7 @@ __all__ = [
     "parse_histogram",
     "parse_stats",
     "release_eager_stance",
+    "scale_exponent",
     "tensor_partials",
     "write_extremes",
     "write_group_extremes",

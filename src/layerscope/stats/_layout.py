@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from enum import Enum, IntEnum
 
+from layerscope.stats._formats import PRECISION_COUNTS
+
 
 class Merge(Enum):
     """How the field of rows of parts of a tensor gives the field of the whole."""
@@ -44,6 +46,16 @@ class Field(IntEnum):
     INF = 8, Merge.SUM, 0.0, "INFS"  # +inf and -inf
     NEG = 9, Merge.SUM, 0.0  # elements < 0, -inf included
     POS = 10, Merge.SUM, 0.0  # elements > 0, +inf included
+    # Per low-precision format (_formats.FORMATS, in its order): finite values with |x| > its
+    # largest, and values with 0 < |x| < its smallest subnormal.
+    E4M3_OVER = 11, Merge.SUM, 0.0
+    E4M3_UNDER = 12, Merge.SUM, 0.0
+    E5M2_OVER = 13, Merge.SUM, 0.0
+    E5M2_UNDER = 14, Merge.SUM, 0.0
+    FP16_OVER = 15, Merge.SUM, 0.0
+    FP16_UNDER = 16, Merge.SUM, 0.0
+    BF16_OVER = 17, Merge.SUM, 0.0
+    BF16_UNDER = 18, Merge.SUM, 0.0
 
     def __new__(cls, index: int, merge: Merge, empty: float, c_name: str = "") -> Field:
         field = int.__new__(cls, index)
@@ -58,6 +70,10 @@ class Field(IntEnum):
 
 
 WIDTH = len(Field)
+#: The formats' counts, contiguous in row order as the kernels write them: each format's
+#: overflow then underflow, in ``_formats.magnitude_ranges``' order.
+HEADROOM_FIELDS = tuple(Field[column.upper()] for column in PRECISION_COUNTS)
+assert tuple(range(HEADROOM_FIELDS[0], HEADROOM_FIELDS[0] + 8)) == HEADROOM_FIELDS
 EMPTY_ROW = tuple(field.empty for field in Field)  # the partials of a tensor with no elements
 
 

@@ -54,7 +54,9 @@
 /* The layout of a row, in order: stats/_layout.py's Field, which _native.py compares with
  * layerscope_fields() name by name at load. NAN and INF are math.h's: here NANS and INFS. */
 #define LAYERSCOPE_FIELDS(X) \
-    X(NUMEL) X(COUNT) X(MEAN) X(M2) X(MIN) X(MAX) X(ZEROS) X(NANS) X(INFS) X(NEG) X(POS)
+    X(NUMEL) X(COUNT) X(MEAN) X(M2) X(MIN) X(MAX) X(ZEROS) X(NANS) X(INFS) X(NEG) X(POS) \
+    X(E4M3_OVER) X(E4M3_UNDER) X(E5M2_OVER) X(E5M2_UNDER) X(FP16_OVER) X(FP16_UNDER) \
+    X(BF16_OVER) X(BF16_UNDER)
 #define FIELD_ENUM(name) name,
 #define FIELD_WORD(name) " " #name
 enum { LAYERSCOPE_FIELDS(FIELD_ENUM) WIDTH };
@@ -70,6 +72,15 @@ enum { LOG2_SLOTS = 256 }; /* one per float32 exponent */
 #define MAX_THREADS 64
 #define TABLES 8             /* log2 histogram tables per thread */
 #define MAX_LINEAR_BINS (1 << 30)
+
+/* The low-precision formats of stats/_formats.py, in its order (e4m3, e5m2, fp16, bf16): the
+ * float32 bits of each one's largest finite value and of its smallest subnormal. A value
+ * overflows a format where its magnitude bits lie in (MAX, INF_BITS), flushes to zero in
+ * (0, SMALLEST). The ranges nest: a format's limits lie beyond the one's before it. */
+enum { FORMATS = 4 };
+#define INF_BITS 0x7f800000u
+static const uint32_t FORMAT_MAX[FORMATS] = {0x43e00000u, 0x47600000u, 0x477fe000u, 0x7f7f0000u};
+static const uint32_t FORMAT_SMALLEST[FORMATS] = {0x3b000000u, 0x37800000u, 0x33800000u, 0x00010000u};
 
 typedef struct {
     const void* data;
@@ -91,6 +102,7 @@ typedef struct {
     double sum, squares;  /* of finite values minus the shift */
     float lo, hi;         /* finite extremes */
     int64_t zeros, nans, nonfinite, pos;
+    int64_t over[FORMATS], under[FORMATS]; /* per format: values it cannot hold */
     int64_t* counts;      /* the histogram's slots; a linear one's last slot takes NaN */
 } partials_t;
 
@@ -346,6 +358,10 @@ static int partials(const values_t* v, int64_t n, double* row, double* hist,
         total->nans += p->nans;
         total->nonfinite += p->nonfinite;
         total->pos += p->pos;
+        for (int f = 0; f < FORMATS; f++) {
+            total->over[f] += p->over[f];
+            total->under[f] += p->under[f];
+        }
         for (int64_t slot = 0; slot < slots; slot++) total->counts[slot] += p->counts[slot];
     }
 
@@ -363,6 +379,10 @@ static int partials(const values_t* v, int64_t n, double* row, double* hist,
     row[INFS] = (double)(total->nonfinite - total->nans);
     row[NEG] = (double)(n - total->zeros - total->nans - total->pos); /* NaN is neither */
     row[POS] = (double)total->pos;
+    for (int f = 0; f < FORMATS; f++) { /* each format's over, then under, from E4M3_OVER */
+        row[E4M3_OVER + 2 * f] = (double)total->over[f];
+        row[E4M3_UNDER + 2 * f] = (double)total->under[f];
+    }
     if (hist != NULL && slots > 0) { /* a linear histogram's NaN slot is left out */
         int64_t written = h->kind == HIST_LINEAR ? slots - 1 : slots;
         for (int64_t slot = 0; slot < written; slot++) hist[slot] = (double)total->counts[slot];
@@ -451,6 +471,16 @@ EXPORT int layerscope_extremes(const void* data, int64_t n, int dtype, const uin
 #define SQUARE_ADD(d, s) ((s) + (d) * (d))
 #endif
 
+/* How many of the n values' magnitude bits lie in [low, high): one unsigned compare each. */
+static inline ISA_TARGET int32_t NAME(count_range)(const uint32_t* bits, int64_t n, uint32_t low,
+                                                   uint32_t high) {
+    const uint32_t span = high - low;
+    int32_t count = 0;
+#pragma omp simd reduction(+ : count)
+    for (int64_t i = 0; i < n; i++) count += (int32_t)((bits[i] & 0x7fffffffu) - low < span);
+    return count;
+}
+
 /* Counts and extremes of one block; sums of the finite values' distance from the shift. */
 static inline ISA_TARGET void NAME(block_moments)(const float* x, int64_t n, double shift,
                                                   partials_t* p) {
@@ -458,12 +488,14 @@ static inline ISA_TARGET void NAME(block_moments)(const float* x, int64_t n, dou
     extreme_t lo = EXTREME_INF, hi = EXTREME_MINUS_INF;
     int32_t zeros = 0, nans = 0, nonfinite = 0, pos = 0;
     uint32_t top = 0; /* the largest magnitude's bits: 0x7f800000 or more if one is not finite */
+    uint32_t bottom = 0xffffffffu; /* the smallest nonzero magnitude's bits, less one */
     /* The usual block, all finite, needs no masking: half the work of the loop below. */
-#pragma omp simd reduction(+ : zeros, pos) reduction(min : lo) reduction(max : hi, top)
+#pragma omp simd reduction(+ : zeros, pos) reduction(min : lo, bottom) reduction(max : hi, top)
     for (int64_t i = 0; i < n; i++) {
         uint32_t magnitude = bits[i] & 0x7fffffffu;
         extreme_t key = EXTREME(bits[i], x[i]);
         top = magnitude > top ? magnitude : top;
+        bottom = magnitude - 1u < bottom ? magnitude - 1u : bottom; /* zero wraps to the top */
         lo = key < lo ? key : lo;
         hi = key > hi ? key : hi;
         zeros += magnitude == 0;
@@ -511,6 +543,13 @@ static inline ISA_TARGET void NAME(block_moments)(const float* x, int64_t n, dou
     p->nans += nans;
     p->nonfinite += nonfinite;
     p->pos += pos;
+    /* The formats' ranges nest, so the block's extremes say which formats lose a value in it:
+     * only those are counted. Most blocks of weights and gradients fit e4m3's top, few
+     * activations' pass fp16's; a gradient's smallest values pass e4m3's and e5m2's bottom. */
+    for (int f = 0; f < FORMATS && top > FORMAT_MAX[f]; f++)
+        p->over[f] += NAME(count_range)(bits, n, FORMAT_MAX[f] + 1u, INF_BITS);
+    for (int f = 0; f < FORMATS && bottom < FORMAT_SMALLEST[f] - 1u; f++)
+        p->under[f] += NAME(count_range)(bits, n, 1u, FORMAT_SMALLEST[f]);
 }
 
 /* Log2 histogram counts of one block, spread over eight tables: runs of values with the same

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from layerscope.model import KEY_COLUMNS, META_COLUMNS, Kind
+from layerscope.stats._formats import PRECISION_STATS
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -31,6 +32,7 @@ BUILTIN_STATS = (
     "pos_frac",
     "nan_count",
     "inf_count",
+    *PRECISION_STATS,  # per low-precision format: e4m3_over, e4m3_under, e4m3_scale_exp, ...
     "hist",
 )
 

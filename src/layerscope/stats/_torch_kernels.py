@@ -17,14 +17,31 @@ import torch
 from torch import Tensor
 
 from layerscope._errors import LayerscopeWarning
+from layerscope.stats._formats import magnitude_ranges
 from layerscope.stats._histogram import HistogramSpec, LinearHistogram
-from layerscope.stats._layout import Field
+from layerscope.stats._layout import HEADROOM_FIELDS, Field
 from layerscope.stats._stance import compiled_allowed
 
 _INF = float("inf")
 _FIELDS = tuple(Field)  # row order, as a constant torch.compile folds
 # Smallest exponent (as torch.frexp gives it) whose inverse power of two is finite.
 _MIN_EXPONENT = {torch.float32: -126, torch.float64: -1022}
+# Bits of float32 and float64 values as integers, and the magnitude ranges counted in them.
+_BITS = {torch.float32: (torch.int32, 0x7FFFFFFF), torch.float64: (torch.int64, 2**63 - 1)}
+_RANGES = {torch.float32: magnitude_ranges(32), torch.float64: magnitude_ranges(64)}
+
+
+def headroom_counts(x: Tensor) -> dict[Field, Tensor]:
+    """Per format, the values of a float32 or float64 ``x`` it cannot hold (``_formats``).
+
+    Compared as integer bits: exact, and unchanged by a flush-to-zero mode.
+    """
+    integer, sign_clear = _BITS[x.dtype]
+    magnitude = x.view(integer) & sign_clear
+    return {
+        field: torch.count_nonzero((magnitude >= low) & (magnitude < high))
+        for field, (low, high) in zip(HEADROOM_FIELDS, _RANGES[x.dtype], strict=True)
+    }
 
 
 def float32_partials(x: Tensor) -> Tensor:
@@ -64,6 +81,7 @@ def float32_partials(x: Tensor) -> Tensor:
             Field.INF: numel - count - nan,
             Field.NEG: numel - zeros - nan - pos,  # NaN is neither; -inf is negative
             Field.POS: pos,
+            **headroom_counts(x),
         }
     )
 
@@ -131,6 +149,7 @@ def float_partials(x: Tensor) -> Tensor:
             Field.INF: numel - count - nan,
             Field.NEG: neg,
             Field.POS: pos,
+            **headroom_counts(x),
         }
     )
 

@@ -29,8 +29,9 @@ from torch import Tensor
 
 from layerscope._errors import LayerscopeWarning
 from layerscope.stats import _triton_modes as modes
+from layerscope.stats._formats import magnitude_ranges
 from layerscope.stats._histogram import HistogramSpec, LinearHistogram, Log2Histogram
-from layerscope.stats._layout import WIDTH, Field
+from layerscope.stats._layout import HEADROOM_FIELDS, WIDTH, Field
 
 BLOCK = 1024  # elements a program reads at once
 INTERPRETED_BLOCK = 64  # in the interpreter, so that small tests span several blocks
@@ -108,6 +109,7 @@ def partials_into(x: Tensor, histogram: HistogramSpec | None, rows: Tensor, inde
     if programs:
         kernels.partials_kernel[(programs,)](
             flat, numel, parts, parts, parts, parts, hists, _linear(histogram, x.device, parts),
+            _ranges(kind, x.device),
             KIND=kind, HISTOGRAM=hist, SLOTS_POW2=slots_pow2, GROUP=False, BLOCK=block,
         )  # fmt: skip
     _finish(kernels, rows, index, 1, numel, programs, None, parts, hists, hist, slots_pow2)
@@ -130,7 +132,7 @@ def group_partials_into(
     if group.programs:
         kernels.partials_kernel[(group.programs,)](
             group.flats[0], 0, group.offsets, group.sizes, group.program_table, parts, hists,
-            _linear(histogram, device, parts),
+            _linear(histogram, device, parts), _ranges(group.kind, device),
             KIND=group.kind, HISTOGRAM=hist, SLOTS_POW2=slots_pow2, GROUP=True, BLOCK=group.block,
         )  # fmt: skip
     _finish(kernels, rows, first, len(tensors), 0, 0, (group.sizes, group.firsts), parts, hists,
@@ -287,6 +289,14 @@ def _linear(histogram: HistogramSpec | None, device: torch.device, unused: Tenso
     return unused
 
 
+@functools.lru_cache(maxsize=16)
+def _ranges(kind: int, device: torch.device) -> Tensor:
+    """The formats' magnitude bits that ``kind``'s values are counted in: ``(2, 8)`` int64."""
+    ranges = magnitude_ranges(64 if kind == modes.FLOAT64 else 32)
+    host = torch.tensor(list(zip(*ranges, strict=True)), dtype=torch.int64)
+    return _to_device(host, device)
+
+
 _tables: OrderedDict[tuple[object, ...], tuple[Tensor, int]] = OrderedDict()
 _TABLES_KEPT = 16
 
@@ -346,8 +356,10 @@ def _kernels() -> ModuleType | None:
         kernels = importlib.import_module("layerscope.stats._triton_kernels")
     except ImportError:
         return None
-    fields = [(f.name, int(f)) for f in Field]
-    declared = [(f.name, getattr(kernels, f"ROW_{f.name}").value) for f in Field]
+    named = [f for f in Field if f not in HEADROOM_FIELDS]  # those, from ROW_HEADROOM on
+    fields = [(f.name, int(f)) for f in named]
+    declared = [(f.name, getattr(kernels, f"ROW_{f.name}").value) for f in named]
     assert fields == declared, "the kernel's row layout is stats._layout.Field's"
+    assert kernels.ROW_HEADROOM.value == HEADROOM_FIELDS[0]
     assert kernels.ROW_WIDTH.value == WIDTH
     return kernels

@@ -14,6 +14,7 @@ Two launches compute the partials of one tensor, or of a whole group of tensors 
 
 Nothing is copied to float first, nothing is read back: the grid's size depends on numel only.
 Importing this module imports triton; ``_triton.py`` does that only when a kernel is needed.
+How the values are decoded, binned and compared with the formats' limits: ``_triton_values``.
 """
 
 from __future__ import annotations
@@ -22,15 +23,19 @@ import triton
 import triton.language as tl
 
 from layerscope.stats import _triton_modes as modes
+from layerscope.stats._triton_values import (
+    HEADROOM,
+    decode,
+    headroom_counts,
+    linear_slots,
+    log2_slots,
+    power_of_two,
+)
 
 # Globals that kernels read must be constexpr: _triton_modes' values, and the layouts.
 
-FLOAT = tl.constexpr(modes.FLOAT)
 FLOAT64 = tl.constexpr(modes.FLOAT64)
-E4M3 = tl.constexpr(modes.E4M3)
-E5M2 = tl.constexpr(modes.E5M2)
 INTEGER = tl.constexpr(modes.INTEGER)
-BF16 = tl.constexpr(modes.BF16)
 NO_HISTOGRAM = tl.constexpr(modes.NO_HISTOGRAM)
 LOG2 = tl.constexpr(modes.LOG2)
 LINEAR = tl.constexpr(modes.LINEAR)
@@ -46,7 +51,8 @@ PART_NAN = tl.constexpr(6)
 PART_INF = tl.constexpr(7)
 PART_NEG = tl.constexpr(8)
 PART_POS = tl.constexpr(9)
-PART_WIDTH = tl.constexpr(10)
+PART_HEADROOM = tl.constexpr(10)  # HEADROOM columns: the formats' counts
+PART_WIDTH = tl.constexpr(18)
 
 # The row's fields (stats._layout.Field, checked against it by _triton.py).
 ROW_NUMEL = tl.constexpr(0)
@@ -60,66 +66,8 @@ ROW_NAN = tl.constexpr(7)
 ROW_INF = tl.constexpr(8)
 ROW_NEG = tl.constexpr(9)
 ROW_POS = tl.constexpr(10)
-ROW_WIDTH = tl.constexpr(11)
-
-
-@triton.jit
-def _decode(raw, KIND: tl.constexpr):
-    """Values of the raw elements: float32 (float64 for float64)."""
-    if KIND == E4M3:
-        bits = raw.to(tl.int32)
-        magnitude = bits & 0x7F
-        exponent = magnitude >> 3
-        mantissa = magnitude & 7
-        # Normal: float32 of the same sign, exponent rebiased from 7 to 127, mantissa shifted.
-        normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
-        value = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125, normal)  # 2**-9
-        value = tl.where(magnitude == 0x7F, float("nan"), value)
-        return tl.where((bits & 0x80) != 0, -value, value)
-    elif KIND == E5M2:
-        return (raw.to(tl.int16) << 8).to(tl.float16, bitcast=True).to(tl.float32)
-    elif KIND == BF16:
-        return (raw.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    elif KIND == FLOAT64:
-        return raw
-    else:
-        return raw.to(tl.float32)
-
-
-@triton.jit
-def _power_of_two(k):
-    """2**k as float64 for integer k in [-1022, 1023], built from its bits."""
-    return ((k + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
-
-
-@triton.jit
-def _log2_slots(x, KIND: tl.constexpr):
-    """The log2 histogram's slot: float32's biased exponent; 0 zero and subnormal, 255 NaN/Inf."""
-    if KIND == FLOAT64:
-        exponent = ((x.to(tl.int64, bitcast=True) >> 52) & 0x7FF).to(tl.int32)
-        slot = tl.minimum(tl.maximum(exponent - (1023 - 127), 0), 254)
-        return tl.where(exponent == 0x7FF, 255, slot)
-    else:
-        return (x.to(tl.int32, bitcast=True) >> 23) & 0xFF
-
-
-@triton.jit
-def _linear_slots(x, linear, BINS: tl.constexpr):
-    """The linear histogram's slot, as ``linear_bin_index`` computes it, NaN in slot 0."""
-    lo = tl.load(linear + 0)
-    hi = tl.load(linear + 1)
-    scale = tl.load(linear + 2)  # bins / (hi - lo)
-    width = tl.load(linear + 3)  # (hi - lo) / bins
-    bins = tl.load(linear + 4)  # the number of bins, as float64
-    value = x.to(tl.float64)
-    nan = value != value
-    position = tl.minimum(tl.maximum(tl.floor((value - lo) * scale), -1.0), bins)
-    position = tl.where(nan, 0.0, position)
-    edge = tl.where(position >= bins, hi, lo + tl.maximum(position, 0.0) * width)
-    position -= ((position >= 0) & (value < edge)).to(tl.float64)
-    edge = tl.where(position + 1 >= bins, hi, lo + tl.maximum(position + 1, 0.0) * width)
-    position += ((position < bins) & (value >= edge)).to(tl.float64)
-    return (position + 1).to(tl.int32)
+ROW_HEADROOM = tl.constexpr(11)  # E4M3_OVER, the first of HEADROOM fields in a row
+ROW_WIDTH = tl.constexpr(19)
 
 
 @triton.jit
@@ -132,6 +80,7 @@ def partials_kernel(
     parts,  # float64 (programs, PART_WIDTH)
     hists,  # int32 (programs, SLOTS_POW2)
     linear,  # float64 (5,): lo, hi, scale, width, bins
+    ranges,  # int64 (2, HEADROOM): the formats' magnitude bits counted, [low, high)
     KIND: tl.constexpr,
     HISTOGRAM: tl.constexpr,
     SLOTS_POW2: tl.constexpr,
@@ -163,6 +112,9 @@ def partials_kernel(
     negs = tl.zeros((), tl.int64)
     poss = tl.zeros((), tl.int64)
     hist = tl.zeros((SLOTS_POW2,), tl.int32)
+    headroom = tl.zeros((HEADROOM,), tl.int64)
+    low_bits = tl.load(ranges + tl.arange(0, HEADROOM))
+    high_bits = tl.load(ranges + HEADROOM + tl.arange(0, HEADROOM))
     lanes = tl.arange(0, BLOCK)
     for start in tl.range(local.to(tl.int64) * BLOCK, n, own.to(tl.int64) * BLOCK):
         index = start + lanes
@@ -173,7 +125,7 @@ def partials_kernel(
             negs += tl.sum((inside & (raw < 0)).to(tl.int32), 0)
             poss += tl.sum((inside & (raw > 0)).to(tl.int32), 0)
         else:
-            x = _decode(raw, KIND)
+            x = decode(raw, KIND)
             finite = inside & (tl.abs(x) < float("inf"))  # NaN compares false too
             nan = inside & (x != x)
             zeros += tl.sum((inside & (x == 0)).to(tl.int32), 0)
@@ -183,6 +135,7 @@ def partials_kernel(
             poss += tl.sum((inside & (x > 0)).to(tl.int32), 0)
             low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 0).to(tl.float64))
             high = tl.maximum(high, tl.max(tl.where(finite, x, float("-inf")), 0).to(tl.float64))
+            headroom += headroom_counts(x, inside, low_bits, high_bits, KIND)
 
             # The block's count, mean and M2 in float64, from deviations from its own mean.
             value = tl.where(finite, x.to(tl.float64), 0.0)
@@ -191,7 +144,7 @@ def partials_kernel(
                 largest = tl.max(tl.abs(value), 0)
                 exponent = ((largest.to(tl.int64, bitcast=True) >> 52) & 0x7FF).to(tl.int32)
                 shift = tl.minimum(tl.maximum(1023 - exponent, -1022), 1000)
-                value = value * _power_of_two(shift)
+                value = value * power_of_two(shift)
             block_count = tl.sum(finite.to(tl.int32), 0).to(tl.float64)
             divisor = tl.maximum(block_count, 1.0)
             block_mean = tl.sum(value, 0) / divisor
@@ -200,7 +153,7 @@ def partials_kernel(
             block_m2 = tl.maximum(tl.sum(deviation * deviation, 0) - spread * spread / divisor, 0.0)
             block_mean += spread / divisor
             if KIND == FLOAT64:
-                undo = _power_of_two(-shift)
+                undo = power_of_two(-shift)
                 block_mean = block_mean * undo
                 block_m2 = block_m2 * undo * undo
 
@@ -214,9 +167,9 @@ def partials_kernel(
             count = total
 
             if HISTOGRAM == LOG2:
-                hist += tl.histogram(_log2_slots(x, KIND), SLOTS_POW2, mask=inside)
+                hist += tl.histogram(log2_slots(x, KIND), SLOTS_POW2, mask=inside)
             elif HISTOGRAM == LINEAR:
-                slots = _linear_slots(x, linear, SLOTS_POW2)
+                slots = linear_slots(x, linear, SLOTS_POW2)
                 hist += tl.histogram(slots, SLOTS_POW2, mask=inside & (x == x))
 
     row = parts + pid.to(tl.int64) * PART_WIDTH
@@ -230,6 +183,7 @@ def partials_kernel(
     tl.store(row + PART_INF, infs.to(tl.float64))
     tl.store(row + PART_NEG, negs.to(tl.float64))
     tl.store(row + PART_POS, poss.to(tl.float64))
+    tl.store(row + PART_HEADROOM + tl.arange(0, HEADROOM), headroom.to(tl.float64))
     if HISTOGRAM != NO_HISTOGRAM:
         tl.store(hists + pid.to(tl.int64) * SLOTS_POW2 + tl.arange(0, SLOTS_POW2), hist)
 
@@ -276,6 +230,7 @@ def finish_kernel(
         infs = tl.zeros((), tl.float64)
         negs = tl.zeros((), tl.float64)
         poss = tl.zeros((), tl.float64)
+        headroom = tl.zeros((HEADROOM,), tl.float64)
         for start in tl.range(first, last, CHUNK):
             program = start + lanes
             inside = program < last
@@ -304,6 +259,8 @@ def finish_kernel(
             infs += tl.sum(tl.load(at + PART_INF, mask=inside, other=0.0), 0)
             negs += tl.sum(tl.load(at + PART_NEG, mask=inside, other=0.0), 0)
             poss += tl.sum(tl.load(at + PART_POS, mask=inside, other=0.0), 0)
+            columns = at[:, None] + PART_HEADROOM + tl.arange(0, HEADROOM)[None, :]
+            headroom += tl.sum(tl.load(columns, mask=inside[:, None], other=0.0), 0)
         # The row's fields, in stats._layout.Field's order.
         tl.store(row + ROW_NUMEL, n.to(tl.float64))
         tl.store(row + ROW_COUNT, count)
@@ -316,6 +273,7 @@ def finish_kernel(
         tl.store(row + ROW_INF, infs)
         tl.store(row + ROW_NEG, negs)
         tl.store(row + ROW_POS, poss)
+        tl.store(row + ROW_HEADROOM + tl.arange(0, HEADROOM), headroom)
         if HISTOGRAM == NO_HISTOGRAM:  # a tensor without one in a buffer with: zeros
             for start in tl.range(0, slots, SLOT_CHUNK):
                 slot = start + tl.arange(0, SLOT_CHUNK)
@@ -357,7 +315,7 @@ def extremes_kernel(
     for start in tl.range((pid - first).to(tl.int64) * BLOCK, n, own.to(tl.int64) * BLOCK):
         index = start + lanes
         inside = index < n
-        x = _decode(tl.load(base + index, mask=inside, other=0), KIND)
+        x = decode(tl.load(base + index, mask=inside, other=0), KIND)
         number = inside & (x == x)  # Inf included: it is the extreme it is
         nans += tl.sum((inside & (x != x)).to(tl.int32), 0)
         low = tl.minimum(low, tl.min(tl.where(number, x, float("inf")), 0).to(tl.float64))

@@ -13,6 +13,7 @@ from layerscope.store._damage import RunFileError, warn_damaged
 from layerscope.store._files import write_bytes
 from layerscope.store._layout import RUN_FILE, directory_rank, rank_directory
 from layerscope.store._listing import MISSING, UNREADABLE, holds_run, run_folders, run_row, runs
+from layerscope.store._precision import PRECISION_COLUMNS, precision
 from layerscope.store._reader import Parameters, Run, load
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ __getattr__ = lazy_names(
 
 __all__ = [
     "MISSING",
+    "PRECISION_COLUMNS",
     "RUN_FILE",
     "UNREADABLE",
     "Parameters",
@@ -52,6 +54,7 @@ __all__ = [
     "expand_orders",
     "holds_run",
     "load",
+    "precision",
     "rank_directory",
     "run_folders",
     "run_row",

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from layerscope.model import CallEvent, Identities
-from layerscope.stats import check_fits
+from layerscope.stats import PRECISION_COUNTS, check_fits
 from layerscope.store._arrays import float_lists, floats, lists, numeric, strings
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from layerscope.model import StatsRows
 
 # The statistics that are counts; the others are float64.
-_COUNT_STATS = frozenset(("numel", "nan_count", "inf_count"))
+_COUNT_STATS = frozenset(("numel", "nan_count", "inf_count", *PRECISION_COUNTS))
 
 # Every table but stats gets a ``rank`` column last (the stats table has it among its keys);
 # files written before it was added lack it, and are read as rank 0's.

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from layerscope.model import IDENTITY_COLUMNS, STATE_KINDS
+from layerscope.stats import FORMATS, PRECISION_COUNTS, scale_exponent
 
 if TYPE_CHECKING:
     import pandas
 
 _GROUP = ["step", *IDENTITY_COLUMNS, "sentinel"]
 _FRACTIONS = ("zero_frac", "neg_frac", "pos_frac")
-_COUNTS = ("nan_count", "inf_count")
+_COUNTS = ("nan_count", "inf_count", *PRECISION_COUNTS)
 _STATE_KINDS = frozenset(kind.value for kind in STATE_KINDS)
 
 
@@ -77,6 +78,9 @@ def merge_rank_rows(
         if name in frame:
             summed = _sum(_numbers(frame[name]), codes, groups)
             merged[name] = pd.array(np.round(summed), dtype="Int64")
+    for fmt in FORMATS:  # the power of two that fits the merged absmax
+        if fmt.scale_exp in frame and "absmax" in frame:
+            merged[fmt.scale_exp] = [scale_exponent(v, fmt) for v in _numbers(merged["absmax"])]
     for name in custom:
         if name in frame:
             merged[name] = _weighted_custom(frame[name], numel, codes, groups)

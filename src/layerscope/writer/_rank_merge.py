@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from layerscope.model import STATE_KINDS, Form, Identities, Identity
-from layerscope.stats import WIDTH, Field
+from layerscope.stats import WIDTH, Field, Merge
 from layerscope.writer._merging import Merged
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from layerscope.model import ModuleInfo
 
 # Columns of the SUM collective besides the histogram counts, which follow them.
-_SUMMED = (Field.NUMEL, Field.COUNT, Field.ZEROS, Field.NAN, Field.INF, Field.NEG, Field.POS)
+_SUMMED = tuple(field for field in Field if field.merge is Merge.SUM)  # counts, in row order
 _SHIFTED_SUM, _SHIFTED_SQUARES, _PRESENT = range(len(_SUMMED), len(_SUMMED) + 3)
 _SUM_WIDTH = len(_SUMMED) + 3
 # A flush's agreement (a MAX of 7 integers): any rank with identities not yet laid out; the
