@@ -74,6 +74,9 @@ def float32_table(quick: bool) -> list[str]:
     data = {
         "randn": [torch.randn(SIZE) for _ in range(COUNT)],
         "relu(randn): half zeros": [torch.randn(SIZE).relu() for _ in range(COUNT)],
+        # Most values below fp8's and some below fp16's smallest subnormal: the formats'
+        # counts run on every block.
+        "randn * 1e-5: gradient-like": [torch.randn(SIZE) * 1e-5 for _ in range(COUNT)],
     }
     kernels: list[tuple[str, int, Callable[[HistogramSpec | None], Callable[..., object]]]] = []
     if _native.library() is not None:

@@ -110,3 +110,24 @@ def test_a_run_of_one_rank_reads_the_same_either_way(tmp_path):
 def test_ranks_must_be_each_or_merge(tmp_path):
     with pytest.raises(ValueError, match="ranks: expected one of"):
         layerscope.load(tmp_path, ranks="all")
+
+
+def test_the_formats_counts_add_up_and_their_scales_fit_the_merged_absmax(two_ranks):
+    merged = layerscope.load(two_ranks, ranks="merge").stats
+    net = model()
+    flushed = 0
+    for step in range(2):
+        batch = torch.cat([inputs(0)[step], inputs(1)[step]])
+        with torch.no_grad():
+            values = net[0](batch).double().reshape(-1).numpy()
+        (row,) = merged[
+            (merged["step"] == step) & (merged["module"] == "0") & (merged["kind"] == "activation")
+        ].to_dict("records")
+        magnitude = np.abs(values)
+        assert row["e4m3_under"] == np.count_nonzero((magnitude > 0) & (magnitude < 2.0**-9))
+        assert row["e4m3_over"] == 0
+        flushed += row["e4m3_under"]
+        largest = 1.75 * 2.0**8
+        k = row["e4m3_scale_exp"]
+        assert magnitude.max() * 2.0**k <= largest < magnitude.max() * 2.0 ** (k + 1)
+    assert flushed > 0  # one of the ranks' values is below 2**-9

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from layerscope._imports import require
-from layerscope.plots import _distribution, _images, _lines
+from layerscope.plots import _distribution, _images, _lines, _precision
 from layerscope.plots._select import Modules
 
 if TYPE_CHECKING:
@@ -159,6 +159,32 @@ class RunPlots:
         Magnitudes (absmax, l2, std, counts) get a log colour scale, others a linear one.
         """
         return _images.heatmap(self.run, stat, kind, modules, phase, tensor)
+
+    def precision(
+        self,
+        fmt: str = "e4m3",
+        kind: str = "grad",
+        *,
+        modules: Modules = None,
+        phase: str = "train",
+        tensor: str | None = None,
+        which: str = "lost",
+    ) -> Figure:
+        """Layers (rows) by steps (columns) of the fraction of values ``fmt`` would lose.
+
+        ``fmt`` is ``"e4m3"``, ``"e5m2"``, ``"fp16"`` or ``"bf16"``; ``which`` is
+        ``"lost"`` (values that would overflow or flush to zero), ``"overflow"`` or
+        ``"underflow"``. Log colour scale; grey where nothing is lost. The counts are the
+        run's ``{fmt}_over`` and ``{fmt}_under`` (``layerscope.precision`` reads them).
+
+        Raises:
+            ValueError: an unknown ``fmt`` or ``which``, or a run without the counts.
+
+        Example::
+
+            run.plot.precision("e4m3", kind="grad").savefig("fp8-grads.png")
+        """
+        return _precision.precision_heatmap(self.run, fmt, kind, modules, phase, tensor, which)
 
     def grad_norms(self, *, modules: Modules = None, phase: str = "train") -> Figure:
         """The L2 norm of each layer's weight gradient over steps, log y."""

@@ -49,6 +49,23 @@ def label_steps(axes: Axes, steps: np.ndarray) -> None:
     axes.set_xlabel("step")
 
 
+def label_layers(axes: Axes, layers: list[str]) -> None:
+    """Tick labels of an image's rows: every layer's name, or ``MAX_ROW_LABELS`` spread."""
+    names = [name or "(root)" for name in layers]
+    rows = np.arange(len(layers))
+    if len(layers) > MAX_ROW_LABELS:
+        rows = np.unique(np.round(np.linspace(0, len(layers) - 1, MAX_ROW_LABELS)).astype(int))
+    axes.set_yticks(rows, [names[row] for row in rows])
+    axes.set_ylabel("module")
+
+
+def layers_figure(layers: list[str]) -> tuple[Figure, Axes]:
+    """A figure of one image of ``layers`` rows, its height growing with them."""
+    height = min(max(3.0, 0.3 * len(layers) + 1.5), 14.0)
+    fig, (ax,) = figure(1, height=height, sharex=False)
+    return fig, ax
+
+
 def colour_scale(stat: str, values: np.ndarray) -> Any:
     """LogNorm over the positive values of a magnitude statistic, else a linear Normalize."""
     from matplotlib.colors import LogNorm, Normalize
@@ -70,20 +87,14 @@ def heatmap(
     check_stat(run, stat)
     layers, frame = read_rows(run, [stat], kind=kind, phase=phase, modules=modules, tensor=tensor)
     steps, values = layer_matrix(frame, layers, stat)
-    height = min(max(3.0, 0.3 * len(layers) + 1.5), 14.0)
-    fig, (ax,) = figure(1, height=height, sharex=False)
+    fig, ax = layers_figure(layers)
     # Non-positive values have no place on a log scale: masked, they show as blank.
     norm = colour_scale(stat, values)
     shown = np.ma.masked_invalid(values)
     if stat in LOG_SCALE_STATS:
         shown = np.ma.masked_less_equal(shown, 0)
     image = ax.imshow(shown, aspect="auto", interpolation="nearest", norm=norm, cmap="viridis")
-    names = [name or "(root)" for name in layers]
-    rows = np.arange(len(layers))
-    if len(layers) > MAX_ROW_LABELS:
-        rows = np.unique(np.round(np.linspace(0, len(layers) - 1, MAX_ROW_LABELS)).astype(int))
-    ax.set_yticks(rows, [names[row] for row in rows])
-    ax.set_ylabel("module")
+    label_layers(ax, layers)
     label_steps(ax, steps)
     ax.set_title(f"{kind} {stat}")
     fig.colorbar(image, ax=ax, label=stat)

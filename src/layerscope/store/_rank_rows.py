@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 _GROUP = ["step", *IDENTITY_COLUMNS, "sentinel"]
 _FRACTIONS = ("zero_frac", "neg_frac", "pos_frac")
-_COUNTS = ("nan_count", "inf_count", *PRECISION_COUNTS)
+_NONFINITE = ("nan_count", "inf_count")
+_COUNTS = (*_NONFINITE, *PRECISION_COUNTS)
 _STATE_KINDS = frozenset(kind.value for kind in STATE_KINDS)
 
 
@@ -138,7 +139,7 @@ def _merge_moments(
     if "mean" not in frame:
         return
     finite = _numbers(frame["numel"])
-    for name in _COUNTS:
+    for name in _NONFINITE:
         if name in frame:
             finite = finite - np.nan_to_num(_numbers(frame[name]))
     mean = _numbers(frame["mean"])
