@@ -10,6 +10,7 @@ from layerscope.cli import _format, _queries
 from layerscope.cli._alerts import alerts_table, count_line, severity_counts
 from layerscope.cli._arguments import PHASES, RUN_METAVAR, count
 from layerscope.cli._console import Output, open_output
+from layerscope.cli._headroom import headroom_fields
 from layerscope.cli._layer_table import OVERVIEW, layers_table, measures_of
 from layerscope.cli._layers import module_types
 from layerscope.cli._open import open_run
@@ -57,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
     if scalars:
         output.fields("logged scalars: latest (first)", scalars)
     show_layers(output, opened, args)
+    rank = _queries.lowest_rank(opened) if args.rank is None else args.rank
+    headroom = headroom_fields(opened, args.phase, rank)
+    if headroom is not None:
+        output.fields(*headroom)
     counts = severity_counts(opened)
     output.line(count_line(counts))
     if counts:

@@ -7,7 +7,9 @@
  * in L1 cache, and each block is read by a vectorised pass of counts and extremes (a second,
  * masked one only where a block holds a NaN or an infinity), a float64 pass of sums, and a pass
  * of histogram counts (vectorised with AVX2 or AVX-512 where the block spans few exponents, the
- * usual case).
+ * usual case). The low-precision formats' counts take a short pass of compares only in the
+ * blocks whose extremes pass a format's limit, or none: with the log2 histogram, three formats'
+ * underflow is a sum of its slots.
  *
  * One library serves every CPU of an architecture. The kernel is compiled once per instruction
  * set, each copy's functions carrying that set's target attribute (x86-64: the baseline, AVX2
@@ -81,6 +83,10 @@ enum { FORMATS = 4 };
 #define INF_BITS 0x7f800000u
 static const uint32_t FORMAT_MAX[FORMATS] = {0x43e00000u, 0x47600000u, 0x477fe000u, 0x7f7f0000u};
 static const uint32_t FORMAT_SMALLEST[FORMATS] = {0x3b000000u, 0x37800000u, 0x33800000u, 0x00010000u};
+/* The first three formats' smallest subnormals are normal powers of two: a log2 histogram
+ * slot's lower edge. Where the log2 histogram is counted, their underflow is the count of the
+ * slots below, less the zeros (slot 0 holds both), and the blocks count bf16's alone. */
+enum { UNDER_FROM_HISTOGRAM = 3 };
 
 typedef struct {
     const void* data;
@@ -365,6 +371,14 @@ static int partials(const values_t* v, int64_t n, double* row, double* hist,
         for (int64_t slot = 0; slot < slots; slot++) total->counts[slot] += p->counts[slot];
     }
 
+    if (h->kind == HIST_LOG2)
+        for (int f = 0; f < UNDER_FROM_HISTOGRAM; f++) {
+            int64_t below = 0;
+            for (uint32_t slot = 0; slot < FORMAT_SMALLEST[f] >> 23; slot++)
+                below += total->counts[slot];
+            total->under[f] = below - total->zeros;
+        }
+
     int64_t count = n - total->nonfinite;
     double count_f = count > 0 ? (double)count : 1.0;
     double m2 = total->squares - total->sum * total->sum / count_f;
@@ -481,9 +495,11 @@ static inline ISA_TARGET int32_t NAME(count_range)(const uint32_t* bits, int64_t
     return count;
 }
 
-/* Counts and extremes of one block; sums of the finite values' distance from the shift. */
+/* Counts and extremes of one block; sums of the finite values' distance from the shift. The
+ * underflow of the formats from `first_under` on (0, or UNDER_FROM_HISTOGRAM with a log2
+ * histogram). */
 static inline ISA_TARGET void NAME(block_moments)(const float* x, int64_t n, double shift,
-                                                  partials_t* p) {
+                                                  int first_under, partials_t* p) {
     const uint32_t* bits = (const uint32_t*)x;
     extreme_t lo = EXTREME_INF, hi = EXTREME_MINUS_INF;
     int32_t zeros = 0, nans = 0, nonfinite = 0, pos = 0;
@@ -548,7 +564,7 @@ static inline ISA_TARGET void NAME(block_moments)(const float* x, int64_t n, dou
      * activations' pass fp16's; a gradient's smallest values pass e4m3's and e5m2's bottom. */
     for (int f = 0; f < FORMATS && top > FORMAT_MAX[f]; f++)
         p->over[f] += NAME(count_range)(bits, n, FORMAT_MAX[f] + 1u, INF_BITS);
-    for (int f = 0; f < FORMATS && bottom < FORMAT_SMALLEST[f] - 1u; f++)
+    for (int f = first_under; f < FORMATS && bottom < FORMAT_SMALLEST[f] - 1u; f++)
         p->under[f] += NAME(count_range)(bits, n, 1u, FORMAT_SMALLEST[f]);
 }
 
@@ -763,7 +779,7 @@ static ISA_TARGET void NAME(range_partials)(const values_t* v, int64_t begin, in
         for (int64_t start = chunk; start < chunk_end; start += BLOCK) {
             int64_t n = chunk_end - start < BLOCK ? chunk_end - start : BLOCK;
             const float* x = NAME(block_floats)(v, start, n, widened);
-            NAME(block_moments)(x, n, shift, p);
+            NAME(block_moments)(x, n, shift, log2 ? UNDER_FROM_HISTOGRAM : 0, p);
             if (log2)
                 NAME(block_log2)(x, n, tables);
             else if (h->kind == HIST_LINEAR)

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import pandas
 
-from layerscope.plots import LOG_SCALE_STATS, PICKED_MODULES, check_stat, column
+from layerscope.plots import LOG_SCALE_STATS, PICKED_MODULES, column
 from layerscope.store import Run
 from layerscope.ui._encode import integers, pack
+from layerscope.ui._lost import check_chart_stat, expression
 from layerscope.ui._overview import statistics
 from layerscope.ui._query import Selection, aggregate, check_module
 
@@ -43,10 +44,10 @@ def heatmap(run: Run, selection: Selection, stat: str, width: int) -> dict[str, 
     Raises:
         ValueError: an unknown statistic (naming ``stat``), kind or phase.
     """
-    check_stat(run, stat)
+    check_chart_stat(run, stat, statistics(run))
     how = aggregate(stat)
     steps_clause, group = _grouped(width)
-    value = column(stat) if width == 1 else f"{how}({column(stat)})"
+    value = expression(stat) if width == 1 else f"{how}({expression(stat)})"
     frame = run.sql(
         f"select module, {steps_clause}, {value} as value from stats"
         f" where {selection.where()}{group}",
@@ -128,9 +129,11 @@ def series_of_layers(
     names = statistics(run)
     steps_clause, group = _grouped(width)
     if width == 1:
-        picked = ", ".join(column(name) for name in names)
+        picked = ", ".join(f"{expression(name)} as {column(name)}" for name in names)
     else:
-        picked = ", ".join(f"{aggregate(name)}({column(name)}) as {column(name)}" for name in names)
+        picked = ", ".join(
+            f"{aggregate(name)}({expression(name)}) as {column(name)}" for name in names
+        )
     chosen, params = "", selection.params(**_width(width))
     if modules is not None:
         chosen = f" and module in (select name from {PICKED_MODULES})"

@@ -12,6 +12,7 @@ from typing import Any
 from layerscope.plots import DEFAULT_TENSOR, LOG_SCALE_STATS, PHASES
 from layerscope.store import Run
 from layerscope.ui._encode import integers, numbers
+from layerscope.ui._lost import lost_stats
 
 # Statistics of the run's configuration that are not one number per row: no chart shows them.
 _NOT_SHOWN = frozenset(("hist", "hist_lo"))
@@ -23,7 +24,7 @@ def statistics(run: Run) -> list[str]:
     """The numeric statistics the run recorded, in the order of its configuration."""
     config = run.meta.get("config", {})
     names = [*config.get("stats", ()), *config.get("custom_stats", ())]
-    return [name for name in names if name not in _NOT_SHOWN]
+    return [name for name in names if name not in _NOT_SHOWN] + lost_stats(names)
 
 
 def summary(run: Run, run_id: str) -> dict[str, Any]:

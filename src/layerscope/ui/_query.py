@@ -20,6 +20,7 @@ from layerscope.plots import (
     select_modules,
 )
 from layerscope.store import Run
+from layerscope.ui._lost import LOST_STATS
 
 # Columns of a chart over steps: about one per pixel of a wide screen.
 MAX_COLUMNS = 1000
@@ -31,6 +32,7 @@ _AGGREGATES = {
     "inf_count": "max",
     "numel": "max",
     "min": "min",
+    **dict.fromkeys(LOST_STATS, "max"),  # the fraction lost: a bucket shows its worst step
 }
 
 
