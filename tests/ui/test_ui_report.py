@@ -33,8 +33,10 @@ def test_the_report_holds_the_answers_the_server_gives(report, server):
     data = embedded(report)
     assert (data["run"], data["compare"]) == ("exp1", "exp2")
     responses = data["responses"]
-    kinds = server.json("/api/runs/exp1")["kinds"]
-    expected_heatmaps = sum(len(tensors) for tensors in kinds.values()) * 11
+    summary = server.json("/api/runs/exp1")
+    kinds = summary["kinds"]
+    assert len(summary["stats"]) == 15  # 11 stored, and the 4 formats' fractions lost
+    expected_heatmaps = sum(len(tensors) for tensors in kinds.values()) * 15
     assert sum("/heatmap?" in key for key in responses if key.startswith("api/runs/exp1/")) == (
         expected_heatmaps
     )

@@ -44,7 +44,7 @@ def heatmap(run: Run, selection: Selection, stat: str, width: int) -> dict[str, 
     Raises:
         ValueError: an unknown statistic (naming ``stat``), kind or phase.
     """
-    check_chart_stat(run, stat, statistics(run))
+    check_chart_stat(run, stat)
     how = aggregate(stat)
     steps_clause, group = _grouped(width)
     value = expression(stat) if width == 1 else f"{how}({expression(stat)})"

@@ -40,8 +40,8 @@ def expression(name: str) -> str:
     return f"(({column(fmt.over)} + {column(fmt.under)})::double / nullif({column('numel')}, 0))"
 
 
-def check_chart_stat(run: Run, stat: str, recorded: Sequence[str]) -> str:
+def check_chart_stat(run: Run, stat: str) -> str:
     """``stat`` if the run recorded it or can derive it, else a ValueError naming ``stat``."""
-    if stat in LOST_STATS and stat in lost_stats(recorded):
+    if stat in lost_stats(run.meta.get("config", {}).get("stats", ())):
         return stat
     return check_stat(run, stat)

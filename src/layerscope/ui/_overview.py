@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from layerscope.plots import DEFAULT_TENSOR, LOG_SCALE_STATS, PHASES
+from layerscope.stats import PRECISION_STATS
 from layerscope.store import Run
 from layerscope.ui._encode import integers, numbers
 from layerscope.ui._lost import lost_stats
@@ -24,7 +25,8 @@ def statistics(run: Run) -> list[str]:
     """The numeric statistics the run recorded, in the order of its configuration."""
     config = run.meta.get("config", {})
     names = [*config.get("stats", ()), *config.get("custom_stats", ())]
-    return [name for name in names if name not in _NOT_SHOWN] + lost_stats(names)
+    shown = [name for name in names if name not in _NOT_SHOWN and name not in PRECISION_STATS]
+    return shown + lost_stats(names)
 
 
 def summary(run: Run, run_id: str) -> dict[str, Any]:
