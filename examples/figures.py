@@ -59,6 +59,7 @@ def main() -> None:
         "color_dim": run.plot.color_dim(kind="activation", modules=["2", "6", "12"]),
         "dead_chart": run.plot.dead_chart(modules=relus),
         "heatmap": run.plot.heatmap(stat="absmax", kind="grad"),
+        "precision": run.plot.precision("e4m3", kind="grad"),
         "grad_norms": run.plot.grad_norms(),
         "update_ratio": run.plot.update_ratio(),
         "histogram": run.plot.histogram("1", kind="grad", steps=[0, 10, 100, 299]),
