@@ -56,8 +56,15 @@ def reference_stats(tensor: Tensor) -> dict[str, float]:
     """Statistics of a tensor as layerscope defines them, computed in float64 numpy."""
     values = tensor.detach().double().reshape(-1).numpy()
     nan = math.nan
+    magnitude = np.abs(values)
+    # Values fp8 would lose: e4m3 holds |x| in [2**-9, 448], e5m2 in [2**-16, 57344].
+    counts = {
+        "e4m3_over": int(np.count_nonzero(magnitude > 448.0)),
+        "e4m3_under": int(np.count_nonzero((magnitude > 0) & (magnitude < 2.0**-9))),
+        "e5m2_under": int(np.count_nonzero((magnitude > 0) & (magnitude < 2.0**-16))),
+    }
     if values.size == 0:
-        return {"numel": 0, "mean": nan, "std": nan, "min": nan, "max": nan, "l2": nan}
+        return {"numel": 0, "mean": nan, "std": nan, "min": nan, "max": nan, "l2": nan, **counts}
     return {
         "numel": int(values.size),
         "mean": float(values.mean()),
@@ -65,6 +72,7 @@ def reference_stats(tensor: Tensor) -> dict[str, float]:
         "min": float(values.min()),
         "max": float(values.max()),
         "l2": float(np.sqrt((values * values).sum())),
+        **counts,
     }
 
 
@@ -152,7 +160,7 @@ def save_loaded_run(run_dir: str, path: str, ranks: str = "each") -> None:
 
     run = layerscope.load(run_dir, ranks=ranks)
     columns = ["step", "phase", "rank", "module", "kind", "tensor", "shard", "shape", "numel"]
-    columns += ["mean", "std", "min", "max", "l2", "hist"]
+    columns += ["mean", "std", "min", "max", "l2", "e4m3_over", "e4m3_under", "e5m2_under", "hist"]
     stats = run.stats.reindex(columns=columns)  # a column the store lacks comes back empty
     meta = getattr(run, "meta", {}) or {}
     write_json(path, {"stats": stats.to_dict("records"), "ranks": meta.get("ranks")})
