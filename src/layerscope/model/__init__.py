@@ -5,7 +5,8 @@
   inside DDP and compile);
 - what can be recorded of a module (``Kind``);
 - what a row of statistics is about, interned as small integers (``Identities``), and a
-  flush's rows themselves (``StatsRows``), which the writer hands the health rules and sinks.
+  flush's rows themselves (``StatsRows``), which the writer hands the health rules and sinks;
+- a row of the attention table (``AttentionRow``): one head of one attention call.
 
 Receives nothing and hands nothing on: the hooks, the writer, the store and the readers all
 take their names from here. Reading a stored run imports this package without torch: the
@@ -15,6 +16,7 @@ names that need it (selection, rows of tensors) are imported when first used.
 from typing import TYPE_CHECKING
 
 from layerscope._lazy import lazy_names
+from layerscope.model._attention import ATTENTION_COLUMNS, AttentionRow
 from layerscope.model._identities import (
     FORM_COLUMNS,
     IDENTITY_COLUMNS,
@@ -49,6 +51,7 @@ __getattr__ = lazy_names(
 )
 
 __all__ = [
+    "ATTENTION_COLUMNS",
     "DEFAULT_CAPTURE",
     "FORM_COLUMNS",
     "IDENTITY_COLUMNS",
@@ -56,6 +59,7 @@ __all__ = [
     "META_COLUMNS",
     "SENTINEL_STATS",
     "STATE_KINDS",
+    "AttentionRow",
     "CallEvent",
     "Form",
     "Identities",
