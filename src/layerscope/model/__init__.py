@@ -28,7 +28,7 @@ from layerscope.model._identities import (
     Identity,
 )
 from layerscope.model._kinds import DEFAULT_CAPTURE, STATE_KINDS, Kind, parse_capture
-from layerscope.model._modules import CallEvent, ModuleInfo, module_tree
+from layerscope.model._modules import CallEvent, ModuleInfo, clean_name, module_tree
 
 if TYPE_CHECKING:
     from layerscope.model._rows import StatsRows, join_columns
@@ -71,6 +71,7 @@ __all__ = [
     "Selection",
     "StatsRows",
     "check_types",
+    "clean_name",
     "device_type",
     "is_compiled",
     "join_columns",

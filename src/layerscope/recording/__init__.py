@@ -8,7 +8,7 @@ the buffers come to the host in one copy, and readings and buffers go on to the 
 (``layerscope.writer``) as one ``Batch``.
 """
 
-from layerscope.recording._batches import Batch, Extreme, arrive
+from layerscope.recording._batches import AttentionRef, Batch, Extreme, arrive
 from layerscope.recording._buffer import Arrived
 from layerscope.recording._readings import (
     BUFFER,
@@ -34,6 +34,7 @@ __all__ = [
     "ROW",
     "STEP",
     "Arrived",
+    "AttentionRef",
     "Batch",
     "BatchOutlet",
     "CustomRef",

@@ -20,6 +20,22 @@ class Extreme(NamedTuple):
     numel: int
 
 
+class AttentionRef(NamedTuple):
+    """The per-head partials of one attention call: ``heads`` rows of loose values.
+
+    They are ``heads x width`` float64 values at ``offset`` in buffer ``buffer``'s values.
+    """
+
+    step: int
+    phase: str
+    module: str
+    call: int
+    keys: int
+    heads: int
+    buffer: int
+    offset: int
+
+
 @dataclass(slots=True)
 class Batch:
     """Readings of one flush and the copies that bring their buffers to the host.
@@ -39,6 +55,7 @@ class Batch:
     extremes: list[Extreme] = field(default_factory=list)
     evaluated: bool = False
     open_steps: tuple[int, int] = (0, 0)  # (training, evaluation)
+    attention: list[AttentionRef] = field(default_factory=list)
 
 
 def arrive(batch: Batch) -> dict[int, Arrived]:

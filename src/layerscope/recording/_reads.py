@@ -1,14 +1,21 @@
 """How the recorder reads a tensor: this process's part, dense layouts only, its version.
 
+Tensors read together are grouped by device and dtype where the GPU kernels take a group.
+
 The version counter tells whether a tensor changed in place since it was last read.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 from torch import Tensor
 
 from layerscope.distributed import local_tensor, shard_label
+from layerscope.model import Kind
+from layerscope.recording._subjects import GroupEntry
+from layerscope.stats import group_reads
 
 
 def version_of(tensor: Tensor) -> int | None:
@@ -30,3 +37,32 @@ def check_strided(tensor: Tensor) -> None:
     """Sparse and other non-dense layouts have no memory of values to read as it is."""
     if tensor.layout is not torch.strided:
         raise TypeError(f"a {tensor.layout} tensor is not read: only dense ones are")
+
+
+def grouped(
+    entries: Sequence[GroupEntry],
+    kind: Kind,
+    verb: str,
+    alone: Callable[[GroupEntry], None],
+    fail: Callable[[str, BaseException], None],
+) -> dict[tuple[torch.device, torch.dtype], list[GroupEntry]]:
+    """``entries`` that the GPU kernels read, as local tensors by device and dtype.
+
+    ``alone`` reads each of the others as it is. A tensor that cannot be read costs only its
+    own reading (``fail`` names it, after ``verb``).
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[GroupEntry]] = {}
+    for entry in entries:
+        try:
+            tensor, shard = entry.tensor, entry.shard
+            if type(tensor) is not Tensor:
+                tensor, shard = local_part(tensor, shard)
+            if tensor.is_nested or not group_reads(tensor):
+                alone(entry)
+                continue
+            check_strided(tensor)
+            local = GroupEntry(entry.target, entry.name, tensor, entry.also_owned_by, shard)
+            groups.setdefault((tensor.device, tensor.dtype), []).append(local)
+        except Exception as error:
+            fail(f"{verb} {kind.value} {entry.name!r} of {entry.target.name!r}", error)
+    return groups

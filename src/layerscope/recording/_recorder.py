@@ -17,17 +17,16 @@ import torch
 from torch import Tensor
 
 from layerscope.model import STATE_KINDS, Form, Identities, Identity, Kind
-from layerscope.recording._batches import Batch, Extreme
+from layerscope.recording._batches import AttentionRef, Batch, Extreme
 from layerscope.recording._buffer import DeviceRows
 from layerscope.recording._custom import KindStats, compute_custom
 from layerscope.recording._nested import shape_of, values_of
 from layerscope.recording._readings import CustomRef, Readings
-from layerscope.recording._reads import check_strided, local_part, version_of
+from layerscope.recording._reads import check_strided, grouped, local_part, version_of
 from layerscope.recording._subjects import BatchOutlet, GroupEntry, Owner, Target
 from layerscope.stats import (
     CustomStat,
     HistogramSpec,
-    group_reads,
     write_group_partials,
     write_partials,
 )
@@ -72,6 +71,7 @@ class Recorder:
         self.readings = Readings()
         self.extremes: list[Extreme] = []
         self.scalars: list[tuple[int, str, float | tuple[int, int]]] = []
+        self.attention: list[AttentionRef] = []
         self.rows_per_flush = ROWS_PER_FLUSH
         self.partial = False  # the current step has flushed part of its readings
         self.last_flush = time.monotonic()
@@ -135,7 +135,7 @@ class Recorder:
             self.record(step, entry.target, kind, entry.name, 0, phase, entry.tensor,
                         entry.also_owned_by, entry.shard)  # fmt: skip
 
-        groups = self._grouped(entries, kind, "reading", alone)
+        groups = grouped(entries, kind, "reading", alone, self._fail)
         for (device, _), members in groups.items():
             try:
                 buffer_id, rows = self._rows_on(device)
@@ -150,34 +150,6 @@ class Recorder:
                 self._add(step, entry.target, kind, entry.name, 0, phase, entry.tensor,
                           entry.shard, entry.also_owned_by, (buffer_id, index, custom))  # fmt: skip
         self._flush_if_full()  # after the groups: a flush empties the rows they point to
-
-    def _grouped(
-        self,
-        entries: Sequence[GroupEntry],
-        kind: Kind,
-        verb: str,
-        alone: Callable[[GroupEntry], None],
-    ) -> dict[tuple[torch.device, torch.dtype], list[GroupEntry]]:
-        """``entries`` that the GPU kernels read, as local tensors by device and dtype.
-
-        ``alone`` reads each of the others as it is. A tensor that cannot be read costs only
-        its own reading (``fail`` names it, after ``verb``).
-        """
-        groups: dict[tuple[torch.device, torch.dtype], list[GroupEntry]] = {}
-        for entry in entries:
-            try:
-                tensor, shard = entry.tensor, entry.shard
-                if type(tensor) is not Tensor:
-                    tensor, shard = local_part(tensor, shard)
-                if tensor.is_nested or not group_reads(tensor):
-                    alone(entry)
-                    continue
-                check_strided(tensor)
-                local = GroupEntry(entry.target, entry.name, tensor, entry.also_owned_by, shard)
-                groups.setdefault((tensor.device, tensor.dtype), []).append(local)
-            except Exception as error:
-                self._fail(f"{verb} {kind.value} {entry.name!r} of {entry.target.name!r}", error)
-        return groups
 
     def _remember(
         self,
@@ -266,7 +238,7 @@ class Recorder:
         def alone(entry: GroupEntry) -> None:
             self.record_extremes(step, entry.target, kind, entry.name, 0, phase, entry.tensor)
 
-        for (device, _), group in self._grouped(entries, kind, "watching", alone).items():
+        for (device, _), group in grouped(entries, kind, "watching", alone, self._fail).items():
             # As record_extremes: tensors that are not floating point or are empty are skipped.
             members = [e for e in group if e.tensor.is_floating_point() and e.tensor.numel()]
             try:
@@ -323,9 +295,20 @@ class Recorder:
                     f"got {type(value).__name__}"
                 )
 
+    def add_attention(
+        self, step: int, phase: str, module: str, call: int, keys: int, partials: Tensor
+    ) -> None:
+        """Keep an attention call's per-head partials (heads x width, on its device)."""
+        buffer_id, rows = self._rows_on(partials.device)
+        offset, _ = rows.add_values(partials)
+        ref = AttentionRef(step, phase, module, call, keys, partials.shape[0], buffer_id, offset)
+        self.attention.append(ref)
+
     def has_pending(self) -> bool:
         """Whether anything waits, or a step has flushed only part of its readings."""
-        return bool(self.readings or self.extremes or self.scalars or self.partial)
+        return bool(
+            self.readings or self.extremes or self.scalars or self.attention or self.partial
+        )
 
     def unrecorded_due(self) -> bool:
         """Whether scalars and sentinel readings should go now, though the step records nothing."""
@@ -337,7 +320,7 @@ class Recorder:
 
     def end_step(self, step_records: bool) -> None:
         """The step ends: send its readings, or scalars and sentinel readings that are due."""
-        pending = self.readings or self.partial
+        pending = self.readings or self.attention or self.partial
         if pending or (step_records and self.has_pending()) or self.unrecorded_due():
             self.flush(final=True)
 
@@ -347,7 +330,11 @@ class Recorder:
         That is evaluation rows (the step's training rows wait with the writer for the rest)
         and, unless ``readings_only``, scalars and the sentinel's readings.
         """
-        if self.readings or (not readings_only and (self.extremes or self.scalars)):
+        if (
+            self.readings
+            or self.attention
+            or (not readings_only and (self.extremes or self.scalars))
+        ):
             self.flush(final=False, evaluated=True)
 
     def flush(self, final: bool, evaluated: bool = False) -> None:
@@ -370,6 +357,7 @@ class Recorder:
                 self.extremes,
                 evaluated,
                 self.open_steps(),
+                self.attention,
             )
             self.pipeline.submit(batch)
         except Exception:
@@ -377,6 +365,7 @@ class Recorder:
             raise
         finally:  # sent or dropped, they are gone: the next readings start afresh
             self.readings, self.scalars, self.extremes = Readings(), [], []
+            self.attention = []
             self._seen.clear()  # row indices start again in the emptied buffers
             self.partial = not final
             self.last_flush = time.monotonic()

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from layerscope._imports import require
-from layerscope.model import KEY_COLUMNS, META_COLUMNS
+from layerscope.model import ATTENTION_COLUMNS, KEY_COLUMNS, META_COLUMNS
 from layerscope.sinks import MemorySink, join_columns
 from layerscope.stats import StatSelection
 
 if TYPE_CHECKING:
     import pandas
 
-TABLES = ("stats", "scalars", "alerts", "calls")
+TABLES = ("stats", "scalars", "alerts", "attention", "calls")
 ALERT_COLUMNS = [
     "step", "phase", "rule", "module", "kind", "tensor",
     "severity", "value", "threshold", "message",
@@ -33,6 +33,7 @@ def column_names(table: str, stats: list[str]) -> list[str]:
         "scalars": ["step", "name", "value"],
         "alerts": ALERT_COLUMNS,
         "calls": ["step", "seq", "event", "module", "call"],
+        "attention": list(ATTENTION_COLUMNS),
     }[table]
 
 
@@ -52,6 +53,9 @@ def memory_frame(memory: MemorySink, table: str, stats: list[str]) -> pandas.Dat
     if table == "alerts":
         alerts = [[getattr(alert, name) for name in ALERT_COLUMNS] for alert in memory.alerts]
         return pd.DataFrame(alerts, columns=ALERT_COLUMNS)
+    if table == "attention":
+        names = column_names(table, stats)
+        return pd.DataFrame(list(memory.attention), columns=names)
     from layerscope.store import calls_table, expand_orders
 
     # Every recorded step's order: a repeated one is kept short, as the store keeps it.
@@ -75,6 +79,8 @@ def stored_frame(path: str, table: str, stats: list[str], rank: int) -> pandas.D
     stored: pandas.DataFrame = getattr(run, table)
     if "rank" in stored:  # other ranks of the job write to the same run
         stored = stored[stored["rank"] == rank].reset_index(drop=True)
-    if table != "stats":
+    if table == "attention":  # its rows name their rank, as the stats table's do
+        stored = stored[list(ATTENTION_COLUMNS)]
+    elif table != "stats":
         stored = stored.drop(columns="rank", errors="ignore")
     return stored

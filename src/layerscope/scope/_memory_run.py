@@ -13,6 +13,7 @@ from layerscope._imports import require
 from layerscope.sinks import MemorySink, RunInfo
 from layerscope.store import (
     alerts_table,
+    attention_table,
     calls_table,
     expand_orders,
     scalars_table,
@@ -54,6 +55,7 @@ class MemoryRun:
             "stats": _concat(stats) if stats else _empty_stats(info),
             "scalars": scalars_table(list(memory.scalars), rank[0]),
             "alerts": alerts_table(list(memory.alerts), rank[0]),
+            "attention": attention_table(list(memory.attention), rank[0]),
             # As stored, then every recorded step's order (as ``Run.sql`` has them).
             "calls_stored": calls_table(list(memory.calls), rank[0]),
         }
@@ -68,7 +70,7 @@ class MemoryRun:
         return list(self._modules)
 
     def sql(self, query: str, params: Parameters = None) -> pandas.DataFrame:
-        """Run a DuckDB query over the tables ``stats``, ``scalars``, ``alerts``, ``calls``.
+        """Run a DuckDB query over the tables stats, scalars, alerts, attention and calls.
 
         ``params`` binds the query's placeholders, as ``Run.sql``'s does.
         """

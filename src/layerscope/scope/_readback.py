@@ -101,8 +101,10 @@ class RecordedReads:
         Args:
             table: ``"stats"`` (one row per step, phase, rank, module, kind, tensor and call),
                 ``"scalars"`` (step, name, value), ``"alerts"`` (the health rules' findings)
-                or ``"calls"`` (step, seq, event, module, call: the call order of every
-                recorded step, as ``calls``).
+                ``"attention"`` (step, phase, rank, module, call, head, keys, entropy_mean,
+                entropy_min, entropy_frac, max_prob: one row per head of each attention call,
+                with ``watch(attention=True)``) or ``"calls"`` (step, seq, event, module,
+                call: the call order of every recorded step, as ``calls``).
 
         Returns:
             A new DataFrame; later steps do not change it.

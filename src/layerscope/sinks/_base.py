@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from layerscope.distributed import ProcessRank
 from layerscope.health import Alert
-from layerscope.model import CallEvent, ModuleInfo, StatsRows
+from layerscope.model import AttentionRow, CallEvent, ModuleInfo, StatsRows
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,7 @@ class RunSummary:
 
 @dataclass(slots=True)
 class Records:
-    """Finalised rows of one flush: statistics, scalars, alerts, and call orders.
+    """Finalised rows of one flush: statistics, scalars, alerts, attention and call orders.
 
     ``calls`` holds a recorded step's enter and exit events where its order differs from the
     one sent before it, and one event ``same`` (module "") for a step that repeats it.
@@ -70,6 +70,7 @@ class Records:
     scalars: list[tuple[int, str, float]] = field(default_factory=list)
     calls: list[CallEvent] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)  # the health rules' findings
+    attention: list[AttentionRow] = field(default_factory=list)  # per head of attention calls
 
 
 @runtime_checkable

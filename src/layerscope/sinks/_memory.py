@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from layerscope.health import Alert
-from layerscope.model import CallEvent, StatsRows
+from layerscope.model import AttentionRow, CallEvent, StatsRows
 from layerscope.sinks._base import Records, RunInfo, RunSummary
 
 
@@ -27,6 +27,7 @@ class MemorySink:
         self.scalars: list[tuple[int, str, float]] = []
         self.calls: list[CallEvent] = []
         self.alerts: list[Alert] = []
+        self.attention: list[AttentionRow] = []
         self.summary: RunSummary | None = None
 
     def start(self, info: RunInfo) -> None:
@@ -40,6 +41,7 @@ class MemorySink:
         self.scalars.extend(records.scalars)
         self.calls.extend(records.calls)
         self.alerts.extend(records.alerts)
+        self.attention.extend(records.attention)
 
     def flush(self) -> None:
         """Nothing to flush: records are visible as soon as written."""

@@ -19,6 +19,7 @@ from layerscope.store._reader import Parameters, Run, load
 if TYPE_CHECKING:
     from layerscope.store._arrow import (
         alerts_table,
+        attention_table,
         calls_table,
         scalars_table,
         stats_schema,
@@ -33,7 +34,14 @@ __getattr__ = lazy_names(
     {
         "ParquetStore": "layerscope.store._writer",
         **dict.fromkeys(
-            ("alerts_table", "calls_table", "scalars_table", "stats_schema", "stats_table"),
+            (
+                "alerts_table",
+                "attention_table",
+                "calls_table",
+                "scalars_table",
+                "stats_schema",
+                "stats_table",
+            ),
             "layerscope.store._arrow",
         ),
     },
@@ -49,6 +57,7 @@ __all__ = [
     "Run",
     "RunFileError",
     "alerts_table",
+    "attention_table",
     "calls_table",
     "directory_rank",
     "expand_orders",

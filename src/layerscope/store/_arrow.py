@@ -19,7 +19,7 @@ from layerscope.store._arrays import float_lists, floats, lists, numeric, string
 
 if TYPE_CHECKING:
     from layerscope.health import Alert
-    from layerscope.model import StatsRows
+    from layerscope.model import AttentionRow, StatsRows
 
 # The statistics that are counts; the others are float64.
 _COUNT_STATS = frozenset(("numel", "nan_count", "inf_count", *PRECISION_COUNTS))
@@ -51,6 +51,21 @@ CALLS_SCHEMA = pa.schema(
         ("event", pa.string()),
         ("module", pa.string()),
         ("call", pa.int32()),
+        ("rank", pa.int32()),
+    ]
+)
+ATTENTION_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("phase", pa.string()),
+        ("module", pa.string()),
+        ("call", pa.int32()),
+        ("head", pa.int32()),
+        ("keys", pa.int64()),
+        ("entropy_mean", pa.float64()),
+        ("entropy_min", pa.float64()),
+        ("entropy_frac", pa.float64()),
+        ("max_prob", pa.float64()),
         ("rank", pa.int32()),
     ]
 )
@@ -288,3 +303,21 @@ def calls_table(calls: list[CallEvent], rank: int) -> pa.Table:
         numeric(np.full(len(calls), rank), pa.int32()),
     ]
     return pa.table(columns, schema=CALLS_SCHEMA)
+
+
+def attention_table(rows: Sequence[AttentionRow], rank: int) -> pa.Table:
+    """Attention rows of rank ``rank`` as an Arrow table."""
+    columns = [
+        numeric(np.array([r.step for r in rows], dtype=np.int64), pa.int64()),
+        strings([r.phase for r in rows]),
+        strings([r.module for r in rows]),
+        numeric(np.array([r.call for r in rows], dtype=np.int64), pa.int32()),
+        numeric(np.array([r.head for r in rows], dtype=np.int64), pa.int32()),
+        numeric(np.array([r.keys for r in rows], dtype=np.int64), pa.int64()),
+        floats([r.entropy_mean for r in rows]),
+        floats([r.entropy_min for r in rows]),
+        floats([r.entropy_frac for r in rows]),
+        floats([r.max_prob for r in rows]),
+        numeric(np.full(len(rows), rank), pa.int32()),
+    ]
+    return pa.table(columns, schema=ATTENTION_SCHEMA)

@@ -30,7 +30,12 @@ _COUNTS = (
     "dropped_scalars",
     "failures",
 )
-_LAST_STEPS = ("stats_last_step", "scalars_last_step", "alerts_last_step")
+_LAST_STEPS = (
+    "stats_last_step",
+    "scalars_last_step",
+    "alerts_last_step",
+    "attention_last_step",
+)
 _TIMES = ("started", "ended", "updated", "heartbeat_seconds", "cost_seconds", "writer_seconds")
 _TEXTS = ("id", "name", "user", "host", "kernel")
 

@@ -117,6 +117,8 @@ def remove_written(fs: Any, place: str, first_segments: dict[str, int]) -> None:
         if fs.exists(f"{place}/{name}"):
             fs.rm(f"{place}/{name}")
     for table in SEGMENTED_TABLES:
+        if not fs.exists(f"{place}/{table}"):  # a table the run does not keep (attention)
+            continue
         for name in file_names(fs, f"{place}/{table}"):
             span = segment_range(name)
             if span is not None and span[0] >= first_segments[table]:

@@ -5,6 +5,7 @@
     RUN/stats/            Parquet: seg-000001.parquet ... while running,
     RUN/scalars/          data-000001-000042.parquet once compacted at close
     RUN/alerts/
+    RUN/attention/        one row per head of each attention call (watch(attention=True))
     RUN/calls.parquet     the call order of every recorded step, once per change
     RUN/rank-00001/       the same files, of rank 1 of a distributed job
     RUN/rank-00002/       ... one directory for each rank but rank 0
@@ -28,7 +29,7 @@ SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
 MODULES_FILE = "modules.json"
 CALLS_FILE = "calls.parquet"
-SEGMENTED_TABLES = ("stats", "scalars", "alerts")
+SEGMENTED_TABLES = ("stats", "scalars", "alerts", "attention")
 #: What a rank writes in its place; whole tensors (``watch(tensors=...)``) go in ``tensors``.
 RUN_ENTRIES = frozenset((RUN_FILE, MODULES_FILE, CALLS_FILE, *SEGMENTED_TABLES, "tensors"))
 

@@ -8,7 +8,6 @@ The ranks of a distributed job write a directory each inside the run (see ``_lay
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,12 +24,11 @@ from layerscope.store._layout import (
     directory_rank,
     files_to_read,
 )
-from layerscope.store._run_meta import RunFile
 from layerscope.store._segment_checks import SegmentChecks
 from layerscope.store._sql import Database, Views
 from layerscope.store._status import combine_metas
 from layerscope.store._tables import RETRIES, empty_table, read_pieces, table_frame
-from layerscope.store._temporaries import remove_stale_temporaries
+from layerscope.store._temporaries import clear_ended_places
 
 if TYPE_CHECKING:
     import pandas
@@ -104,7 +102,8 @@ class Run:
         self.meta: dict[str, Any] = combine_metas(
             {rank: rank_meta for rank, (_, rank_meta) in metas.items()}
         )
-        self._remove_temporaries(metas)
+        clear_ended_places(self._fs, {rank: place for rank, (place, _) in metas.items()},
+                           self.meta["ranks"])  # fmt: skip
         self._segments = SegmentChecks(
             self._fs,
             {place: (rank, rank_meta) for rank, (place, rank_meta) in metas.items()},
@@ -146,20 +145,6 @@ class Run:
                 continue
             metas[meta.get("rank", rank) if place == self._root else rank] = (place, meta)
         return metas
-
-    def _remove_temporaries(self, metas: dict[int, tuple[str, dict[str, Any]]]) -> None:
-        """Remove what killed writers left, in the places no writer holds now.
-
-        A rank that finished, failed or crashed writes nothing more: a temporary there (a
-        compaction's, most often: megabytes) and its ``run.json``'s reserve are garbage. A
-        reader on read-only storage leaves them.
-        """
-        status = {entry["rank"]: entry["status"] for entry in self.meta["ranks"]}
-        for rank, (place, _) in metas.items():
-            if status.get(rank) in ("finished", "failed", "crashed"):
-                with contextlib.suppress(OSError):
-                    remove_stale_temporaries(self._fs, place)
-                    RunFile(self._fs, place).release_reserve()  # a killed writer's
 
     def outside(self, path: str) -> bool:
         """Whether ``path`` lies, links followed, outside the folder the run is read within."""
@@ -251,6 +236,14 @@ class Run:
         return self._frame("alerts")
 
     @property
+    def attention(self) -> pandas.DataFrame:
+        """Each head of each attention call of recorded steps (``layerscope.model.AttentionRow``).
+
+        Empty for a run that did not record attention (``watch(attention=True)``).
+        """
+        return self._frame("attention")
+
+    @property
     def tensors(self) -> SavedCapture:
         """The whole tensors the run kept (``watch(tensors=...)``), of rank 0.
 
@@ -282,7 +275,7 @@ class Run:
         return self._frame("calls")
 
     def sql(self, query: str, params: Parameters = None) -> pandas.DataFrame:
-        """Run a DuckDB query over the tables ``stats``, ``scalars``, ``alerts``, ``calls``.
+        """Run a DuckDB query over the tables stats, scalars, alerts, attention and calls.
 
         Each table holds the rows of every rank. Histograms are stored trimmed: ``hist``
         holds the counts from slot ``hist_lo`` on.

@@ -27,6 +27,7 @@ _REQUIRED = {
     "scalars": ("step", "name", "value"),
     "alerts": ("step", "rule", "module", "severity", "message"),
     "calls": ("seq", "event", "module"),
+    "attention": ("step", "phase", "module", "call", "head", "entropy_mean"),
 }
 _KINDS = {
     "step": "integer",
@@ -52,6 +53,12 @@ _KINDS = {
     "value": "number",
     "threshold": "number",
     "hist": "list",
+    "head": "integer",
+    "keys": "integer",
+    "entropy_mean": "number",
+    "entropy_min": "number",
+    "entropy_frac": "number",
+    "max_prob": "number",
     **{stat: "number" for stat in BUILTIN_STATS if stat not in ("hist",)},
 }
 # What run.json counts of each table's rows: a table holding fewer lost some.

@@ -75,6 +75,7 @@ def empty_table(table: str, meta: dict[str, Any]) -> Any:
     """An empty Arrow table with ``table``'s columns, for a run whose ``run.json`` is ``meta``."""
     from layerscope.store._arrow import (
         ALERTS_SCHEMA,
+        ATTENTION_SCHEMA,
         CALLS_SCHEMA,
         SCALARS_SCHEMA,
         stats_schema,
@@ -88,5 +89,9 @@ def empty_table(table: str, meta: dict[str, Any]) -> Any:
             histogram=bool(meta.get("histogram_edges")),
         )
     else:
-        schema = {"scalars": SCALARS_SCHEMA, "alerts": ALERTS_SCHEMA}.get(table, CALLS_SCHEMA)
+        schema = {
+            "scalars": SCALARS_SCHEMA,
+            "alerts": ALERTS_SCHEMA,
+            "attention": ATTENTION_SCHEMA,
+        }.get(table, CALLS_SCHEMA)
     return schema.empty_table()

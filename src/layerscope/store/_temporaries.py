@@ -8,6 +8,7 @@ takes space.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any
 
@@ -19,6 +20,7 @@ from layerscope.store._layout import (
     SEGMENTED_TABLES,
     segment_range,
 )
+from layerscope.store._run_meta import RunFile
 
 # Exactly what atomic_write names a temporary: a user's own hidden files are never touched.
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}\.tmp$")
@@ -83,3 +85,23 @@ def _is_place_file(name: str) -> bool:
 
 def _is_table_file(name: str) -> bool:
     return segment_range(name) is not None
+
+
+def clear_ended_places(fs: Any, places: dict[int, str], ranks: list[dict[str, Any]]) -> None:
+    """Remove what killed writers left, in the places no writer holds now.
+
+    A rank that finished, failed or crashed writes nothing more: a temporary there (a
+    compaction's, most often: megabytes) and its ``run.json``'s reserve are garbage. A reader
+    on read-only storage leaves them.
+
+    Args:
+        fs: the fsspec filesystem of the run.
+        places: each rank's directory.
+        ranks: the run's ranks as ``Run.meta["ranks"]`` lists them, each with its status.
+    """
+    status = {entry["rank"]: entry["status"] for entry in ranks}
+    for rank, place in places.items():
+        if status.get(rank) in ("finished", "failed", "crashed"):
+            with contextlib.suppress(OSError):
+                remove_stale_temporaries(fs, place)
+                RunFile(fs, place).release_reserve()  # a killed writer's

@@ -14,17 +14,8 @@ from layerscope._imports import require
 from layerscope.model import CallEvent
 from layerscope.sinks import Records, RunInfo, RunSummary
 from layerscope.store._claim import check_free, check_own_directory
-from layerscope.store._files import (
-    remove_if_empty,
-    remove_written,
-    write_bytes,
-)
-from layerscope.store._layout import (
-    MODULES_FILE,
-    SEGMENTED_TABLES,
-    next_segment,
-    rank_directory,
-)
+from layerscope.store._files import remove_if_empty, remove_written, write_bytes
+from layerscope.store._layout import MODULES_FILE, SEGMENTED_TABLES, next_segment, rank_directory
 from layerscope.store._rank_files import RankFiles
 from layerscope.store._run_meta import RunFile, opening_meta
 from layerscope.store._temporaries import remove_stale_temporaries
@@ -212,6 +203,9 @@ class ParquetStore(RankFiles):
             with contextlib.suppress(OSError):  # they only take space; makedirs says what fails
                 remove_stale_temporaries(self._fs, self._place)
             for table in SEGMENTED_TABLES:
+                if table == "attention" and not info.config.get("attention"):
+                    self._segments[table] = next_segment([])  # a run without: no folder
+                    continue
                 self._fs.makedirs(self._join(table), exist_ok=True)
                 self._segments[table] = next_segment(self._list(table))
             self._first_segments = dict(self._segments)
@@ -236,7 +230,13 @@ class ParquetStore(RankFiles):
 
     def write(self, records: Records) -> None:
         """Convert the records to Arrow; they are written at the next flush."""
-        from layerscope.store._arrow import alerts_table, calls_table, scalars_table, stats_table
+        from layerscope.store._arrow import (
+            alerts_table,
+            attention_table,
+            calls_table,
+            scalars_table,
+            stats_table,
+        )
 
         if self._discarded:
             return
@@ -251,6 +251,9 @@ class ParquetStore(RankFiles):
         if records.alerts:
             self._pending["alerts"].append(alerts_table(records.alerts, self._rank()))
             self._last("alerts", max(alert.step for alert in records.alerts))
+        if records.attention:
+            self._pending["attention"].append(attention_table(records.attention, self._rank()))
+            self._last("attention", max(row.step for row in records.attention))
         if records.calls:
             # Every call order logged so far: calls.parquet is written whole again (a model
             # whose order changes often has few modules a step, or small orders).
@@ -357,6 +360,8 @@ class ParquetStore(RankFiles):
         if not self._place:
             self._open()  # raises where another run is: nothing of it is touched
         for table in SEGMENTED_TABLES:
+            if not self._fs.exists(self._join(table)):
+                continue  # a table this run does not keep
             # Compacting a long run takes a while: a heartbeat before each table, so that
             # no reader takes the run for a crashed one meanwhile.
             with contextlib.suppress(OSError):  # the last write below says what failed
