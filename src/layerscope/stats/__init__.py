@@ -5,7 +5,9 @@ These are pure functions with no hooks, files or threads:
 - ``tensor_partials(x, histogram)`` runs on ``x``'s device with no host sync and returns a
   float64 row of mergeable partials (``Field`` names its columns) and an int64 histogram;
 - ``merge`` / ``merge_groups`` combine rows exactly (Chan's formula, float64, host);
-- ``finalize`` turns rows into mean, std, min, max, absmax, l2, fractions and counts.
+- ``finalize`` turns rows into mean, std, min, max, absmax, l2, fractions and counts;
+- ``attention_partials`` / ``merge_attention`` / ``finish_attention`` do the same for the
+  entropy of an attention call's heads, recomputed from its query and key in chunks.
 
 Examples:
     >>> import torch
@@ -53,6 +55,14 @@ from layerscope.stats._selection import (
 )
 
 if TYPE_CHECKING:
+    from layerscope.stats._attention import (
+        ATTENTION_WIDTH,
+        attention_partials,
+        chunk_queries,
+        finish_attention,
+        merge_attention,
+        multihead_query_key,
+    )
     from layerscope.stats._finalize import finalize
     from layerscope.stats._merge import merge, merge_groups
     from layerscope.stats._partials import (
@@ -71,6 +81,17 @@ if TYPE_CHECKING:
 __getattr__ = lazy_names(
     __name__,
     {
+        **dict.fromkeys(
+            (
+                "ATTENTION_WIDTH",
+                "attention_partials",
+                "chunk_queries",
+                "finish_attention",
+                "merge_attention",
+                "multihead_query_key",
+            ),
+            "layerscope.stats._attention",
+        ),
         "finalize": "layerscope.stats._finalize",
         "merge": "layerscope.stats._merge",
         "merge_groups": "layerscope.stats._merge",
@@ -93,6 +114,7 @@ __getattr__ = lazy_names(
 )
 
 __all__ = [
+    "ATTENTION_WIDTH",
     "BUILTIN_STATS",
     "FORMATS",
     "FORMAT_NAMES",
@@ -108,8 +130,11 @@ __all__ = [
     "Log2Histogram",
     "Merge",
     "StatSelection",
+    "attention_partials",
     "check_fits",
+    "chunk_queries",
     "finalize",
+    "finish_attention",
     "follow_eager_stance",
     "format_named",
     "group_reads",
@@ -117,7 +142,9 @@ __all__ = [
     "kernel_name",
     "log2_bin_edges",
     "merge",
+    "merge_attention",
     "merge_groups",
+    "multihead_query_key",
     "own_graph_count",
     "parse_histogram",
     "parse_stats",
