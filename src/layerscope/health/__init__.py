@@ -1,8 +1,9 @@
 """Health rules: which layer went wrong, and when.
 
-Rules run on the writer thread on each flush's finalised rows (and the sentinel's), never in
-the hot path. Each has thresholds and hysteresis, so one episode gives one alert: a row of the
-``alerts`` table and one log line on the training side (logger ``layerscope``).
+Rules run on the writer thread on each flush's finalised rows (the sentinel's and the
+attention table's too), never in the hot path. Each has thresholds and hysteresis, so one
+episode gives one alert: a row of the ``alerts`` table and one log line on the training side
+(logger ``layerscope``).
 """
 
 from layerscope.health._alert import SEVERITIES, Alert

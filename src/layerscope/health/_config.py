@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from layerscope.health._attention_collapse import AttentionCollapse
 from layerscope.health._dead import Dead
 from layerscope.health._drift import ActivationDrift
 from layerscope.health._gradients import Gradients
@@ -22,6 +23,7 @@ RULES: dict[str, type] = {
     "update_ratio": UpdateRatio,
     "activation_drift": ActivationDrift,
     "loss_spike": LossSpike,
+    "attention_collapse": AttentionCollapse,
 }
 
 

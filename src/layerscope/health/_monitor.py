@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from layerscope.health._alert import Alert
+from layerscope.health._attention_collapse import AttentionCollapse
 from layerscope.health._codes import Codes
 from layerscope.health._config import AlertsConfig
 from layerscope.health._dead import Dead
@@ -22,7 +23,7 @@ from layerscope.health._order import ModuleOrder
 from layerscope.health._readings import read_flush
 from layerscope.health._roots import Roots
 from layerscope.health._update_ratio import UpdateRatio, left_out_of
-from layerscope.model import CallEvent, ModuleInfo, StatsRows
+from layerscope.model import AttentionRow, CallEvent, ModuleInfo, StatsRows
 
 _log = logging.getLogger("layerscope")
 _LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -64,6 +65,11 @@ class HealthMonitor:
         self._loss = (
             LossSpike(self._codes, **rules["loss_spike"]) if "loss_spike" in rules else None
         )
+        self._attention = (
+            AttentionCollapse(self.order, **rules["attention_collapse"])
+            if "attention_collapse" in rules
+            else None
+        )
         self._pending: list[Alert] = []
         self._lock = threading.Lock()
         self._skipped: set[int] = set()  # steps marked skipped whose rows may still come
@@ -86,9 +92,16 @@ class HealthMonitor:
         self.order.learn(calls)
 
     def observe(
-        self, chunks: Sequence[StatsRows], scalars: Sequence[tuple[int, str, float]]
+        self,
+        chunks: Sequence[StatsRows],
+        scalars: Sequence[tuple[int, str, float]],
+        attention: Sequence[AttentionRow] = (),
     ) -> list[Alert]:
-        """The alerts of one flush: its statistics' rows, then its scalars."""
+        """The alerts of one flush: its statistics' and attention rows, then its scalars.
+
+        Alerts of the rows come step by step; within a step, the statistics' rules first, in
+        their order, then attention's.
+        """
         started = time.thread_time()
         self.flushes += 1
         self.rows += sum(len(chunk) for chunk in chunks)
@@ -99,10 +112,18 @@ class HealthMonitor:
             view.skipped = view.step in self._skipped
         # Each rule judges the whole flush; its alerts go step by step, then rule by rule.
         found = [
-            ((view, number, *within), alert)
+            ((flush.views[view].step, view, number, *within), alert)
             for number, rule in enumerate(self._rules)
             for view, within, alert in rule.observe(flush)
         ]
+        if self._attention is not None:
+            # Attention rows are training rows: after the rules of the step's training view,
+            # before its evaluation's (views of a step come training first).
+            train = {v.step: index for index, v in enumerate(flush.views) if v.phase == "train"}
+            found += [
+                ((alert.step, train.get(alert.step, -1), len(self._rules), at), alert)
+                for at, alert in enumerate(self._attention.observe(attention))
+            ]
         alerts = [alert for _, alert in sorted(found, key=lambda item: item[0])]
         if self._loss is not None:
             self._loss.observe(flush)
