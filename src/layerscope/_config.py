@@ -38,6 +38,7 @@ class WatchConfig:
     start_step: int = 0  # the first step's number: a resumed training's global step
     # The gradient noise scale: False (off), True (micro-batch size inferred) or that size.
     noise_scale: bool | int = False
+    attention: bool = False  # per-head attention entropy of recorded steps
 
     @classmethod
     def from_arguments(
@@ -55,6 +56,7 @@ class WatchConfig:
         ranks: object = "each",
         start_step: object = 0,
         noise_scale: object = False,
+        attention: object = False,
         root: nn.Module | None = None,
     ) -> WatchConfig:
         """Validate ``watch()``'s arguments; errors name the argument and what was expected.
@@ -80,6 +82,7 @@ class WatchConfig:
             ranks=parse_ranks(ranks),
             start_step=parse_start_step(start_step),
             noise_scale=parse_noise_scale(noise_scale),
+            attention=parse_attention(attention),
         )
 
     def histogram_edges(self) -> list[float] | None:
@@ -108,6 +111,7 @@ class WatchConfig:
             "ranks": self.ranks,
             "start_step": self.start_step,
             "noise_scale": self.noise_scale,
+            "attention": self.attention,
         }
 
 
@@ -174,3 +178,10 @@ def check_model(model: object) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     return model
+
+
+def parse_attention(attention: object) -> bool:
+    """``watch(attention=)``: True or False."""
+    if not isinstance(attention, bool):
+        raise TypeError(f"attention: expected True or False, got {type(attention).__name__}")
+    return attention

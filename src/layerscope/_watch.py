@@ -41,6 +41,7 @@ def watch(
     on_tensor: Callable[[Record, Path | None], object] | None = None,
     workers: int | None = None,
     noise_scale: bool | int = False,
+    attention: bool = False,
 ) -> Scope:
     """Record statistics of every layer of ``model`` while it trains.
 
@@ -122,6 +123,19 @@ def watch(
             gives it. Each micro-batch's loss is taken to be divided by their count. On
             recorded steps only, it costs two dot products per parameter and micro-batch
             and no copy of the gradients; unrecorded steps carry no hook for it.
+        attention: record, for each head of every attention call on a recorded step (each
+            ``torch.nn.functional.scaled_dot_product_attention`` call made inside the model,
+            each ``nn.MultiheadAttention``), the entropy of its attention over the keys: mean
+            and minimum over queries, as a fraction of the most it could be, and the mean
+            largest probability (the ``attention`` table, ``scope.frame("attention")``,
+            ``run.attention``; the rule ``attention_collapse`` watches it). The
+            probabilities are recomputed from the call's query and key, a chunk of queries at
+            a time, on their device; the call's result is untouched. It costs about the
+            attention's own score computation once more on recorded steps, and nothing on
+            the others: the hooks and the patch of the function are on only while a pass
+            records. Calls made under torch.compile, or through a name bound before the
+            watch (``from torch.nn.functional import scaled_dot_product_attention``), are
+            not seen; ``nn.MultiheadAttention`` always is.
 
     Returns:
         A ``Scope``: a context manager whose exit removes every hook.
@@ -161,6 +175,7 @@ def watch(
         ranks=ranks,
         start_step=start_step,
         noise_scale=noise_scale,
+        attention=attention,
         root=unwrap(model),
     )
     tensors_spec = parse_tensors(tensors)

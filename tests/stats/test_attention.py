@@ -143,6 +143,17 @@ def test_float_mask_adds_and_inf_disallows() -> None:
     check_rows(got, reference_call(q, k, mask))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_a_mask_of_the_lowest_value_bars_keys_as_inf_does(dtype: torch.dtype) -> None:
+    # Hugging Face's causal masks hold finfo(dtype).min, not -inf, where a key is barred.
+    q, k = qk(2, 3, 5, 5)
+    allowed = torch.ones(5, 5, dtype=torch.bool).tril()
+    lowest = torch.zeros(5, 5, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    got = attention_partials(q, k, attn_mask=lowest)
+    check_rows(got, reference_call(q, k, allowed))
+    assert got[:, 4].tolist() == [2 * 4] * 3  # the first query has one key: no fraction
+
+
 def test_fully_masked_rows_are_left_out() -> None:
     q, k = qk(2, 2, 4, 3)
     mask = torch.ones(2, 2, 4, 3, dtype=torch.bool)

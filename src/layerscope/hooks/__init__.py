@@ -8,9 +8,11 @@ each weight, weight gradient and optimizer update, to the ``Recorder``
 (``layerscope.recording``); on the others the gradients' sentinel reads only their extremes.
 ``alerts="raise"`` stops training here, at the step of the first non-finite value.
 ``NoiseScale`` (opt-in) estimates the gradient noise scale of recorded steps from their
-micro-batches' gradients, as scalars of the step.
+micro-batches' gradients, as scalars of the step; ``AttentionWatch`` (opt-in) the entropy of
+each attention head of recorded passes.
 """
 
+from layerscope.hooks._attention import AttentionWatch
 from layerscope.hooks._cost import CostMeter
 from layerscope.hooks._grad_moment import GradientMoments
 from layerscope.hooks._handles import HookHandles, ModuleClaims, in_backward
@@ -23,6 +25,7 @@ from layerscope.hooks._steps import MicroBatchScalars, StepClock
 from layerscope.hooks._values import InputNames, named_tensors
 
 __all__ = [
+    "AttentionWatch",
     "CostMeter",
     "GradientMoments",
     "HookHandles",

@@ -89,6 +89,7 @@ class LayerHooks:
         self._checkpointed: dict[str, list[int]] = {}  # calls whose grads wait for recompute
         self._call_log = CallLog(pipeline)
         self._calls_open = True  # the step's first training pass is logging its call order
+        self._followers: list[Callable[[], None]] = []
 
     @property
     def calls(self) -> list[CallEvent]:
@@ -143,6 +144,12 @@ class LayerHooks:
         elif not wanted and len(self._target_handles) and not self._stays_static():
             self._target_handles.remove()
         self._sync_call_log(wanted)
+        for sync in self._followers:
+            sync()
+
+    def follow(self, sync: Callable[[], None]) -> None:
+        """Call ``sync`` wherever these hooks are synced: as a pass begins, as a step ends."""
+        self._followers.append(sync)
 
     def remove(self) -> None:
         """Take every hook off; safe to call twice."""

@@ -26,6 +26,7 @@ from layerscope._errors import FailureCounter, LayerscopeWarning
 from layerscope.distributed import ProcessRank
 from layerscope.health import HealthMonitor
 from layerscope.hooks import (
+    AttentionWatch,
     CostMeter,
     LayerHooks,
     MicroBatchScalars,
@@ -171,6 +172,9 @@ class Scope(RecordedReads):
         )
         self._noise = NoiseScale(self._root, targets, config.noise_scale, self._clock,
                                  self._recorder, self._meter, self._fail)  # fmt: skip
+        self._attention = AttentionWatch(self._root, config.attention, self._clock,
+                                         self._recorder, self._meter, self._fail)  # fmt: skip
+        self._layers.follow(self._attention.sync)
         self._whole: WholeTensors | None = None
         try:
             self._layers.register()
@@ -309,6 +313,7 @@ class Scope(RecordedReads):
             self._layers.remove()
             self._parameters.remove()
             self._noise.remove()
+            self._attention.remove()
             self._claims.release()
             if self._whole is not None:
                 self._whole.close(timeout)

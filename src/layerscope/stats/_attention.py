@@ -68,7 +68,8 @@ def attention_partials(
 
     The arguments mean what they mean to ``scaled_dot_product_attention``; dropout is left
     out (the entropy is the distribution's). A key is allowed to a query when its masked
-    logit is not -inf; queries with no allowed key are left out of every column.
+    logit is not -inf, nor its float mask at most half its dtype's lowest value (masks made
+    with ``finfo.min`` bar keys so); queries with no allowed key are left out of every column.
 
     Args:
         query: ``(..., H, L, E)``; every dimension before the heads is batch; ``(L, E)`` is
@@ -130,6 +131,9 @@ def attention_partials(
                     logits.masked_fill_(part.logical_not(), -_INF)
                 else:
                     logits.add_(part)
+                    # A mask of the dtype's lowest value (as Hugging Face's are) bars its keys
+                    # as -inf does: they count as not allowed in the fraction's log(keys).
+                    logits.masked_fill_(part <= torch.finfo(part.dtype).min / 2, -_INF)
             rows = merge_attention(rows, _chunk_rows(logits))
         return rows
 

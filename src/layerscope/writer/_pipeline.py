@@ -25,10 +25,11 @@ import torch
 from layerscope._errors import FailureCounter
 from layerscope.distributed import ProcessRank
 from layerscope.health import HealthMonitor
-from layerscope.model import Identities, StatsRows
+from layerscope.model import AttentionRow, Identities, StatsRows
 from layerscope.recording import Batch, arrive
 from layerscope.sinks import FanOut, Records, RunSummary
 from layerscope.stats import StatSelection
+from layerscope.writer._attention import AttentionMerge
 from layerscope.writer._merging import Merged, finalize_merged, merge_batches, split_merged
 from layerscope.writer._rank_merge import RankMerge
 from layerscope.writer._sentinel_rows import SentinelCarry, sentinel_rows
@@ -83,6 +84,7 @@ class Pipeline:
         self._queue: queue.Queue[Batch | Records | _Flush | _Stop] = queue.Queue(queue_size)
         self._carry: Merged | None = None
         self._sentinel_carry: SentinelCarry | None = None
+        self._attention = AttentionMerge()
         self._thread = threading.Thread(target=self._run, name="layerscope-writer", daemon=True)
         self._serial = threading.Event()
         threads = torch.get_num_threads()
@@ -214,7 +216,7 @@ class Pipeline:
     def _process(self, batches: list[Batch]) -> None:
         """Merge, finalise and write waiting batches, oldest first."""
         if not batches:  # rows merge across ranks, and this one has none left: merge all the same
-            self._write_done(self._across_ranks(None), [], None)
+            self._write_done(self._across_ranks(None), [], None, [])
             return
         try:
             arrivals = [arrive(batch) for batch in batches]
@@ -227,15 +229,17 @@ class Pipeline:
                 self._identities,
                 self._sentinel_carry,
             )
+            self._attention.add(batches, arrivals)
         except Exception:
             self._carry = self._sentinel_carry = None
+            self._attention.clear()
             self.count_dropped(
                 sum(len(b.readings) + len(b.extremes) for b in batches),
                 sum(len(b.scalars) for b in batches),
             )
             if self.rank_merge is not None:  # the other ranks wait for this one's part
                 with contextlib.suppress(Exception):
-                    self._write_done(self._across_ranks(None), [], None)
+                    self._write_done(self._across_ranks(None), [], None, [])
             raise
         # The last batch ends a step, or its step's readings wait for the next batch: those
         # of earlier steps are done. After an evaluation, its rows are done too, while the
@@ -247,7 +251,10 @@ class Pipeline:
             done, self._carry = split_merged(
                 merged, self._identities, last.open_steps, last.evaluated
             )
-        self._write_done(self._across_ranks(done), scalars, sentinel)
+        attention = self._attention.take(
+            last.final, last.open_steps, last.evaluated, self._place.rank
+        )
+        self._write_done(self._across_ranks(done), scalars, sentinel, attention)
 
     def _across_ranks(self, done: Merged | None) -> Merged | None:
         """``done`` merged with the other ranks' rows where asked to; as it is otherwise.
@@ -268,6 +275,7 @@ class Pipeline:
         done: Merged | None,
         scalars: list[tuple[int, str, float]],
         sentinel: StatsRows | None,
+        attention: list[AttentionRow],
     ) -> None:
         """Finalise ``done``, run the health rules on it, and write it with the rest."""
         stats = None
@@ -278,12 +286,13 @@ class Pipeline:
         if self.health is not None:
             chunks = [chunk for chunk in (stats, sentinel) if chunk is not None]
             try:
-                alerts = self.health.observe(chunks, scalars)
+                alerts = self.health.observe(chunks, scalars, attention=attention)
             except Exception as error:  # the rows are written all the same
                 self._failures.record("evaluating the health rules", error)
         # The recorded steps' rows first: a failure writing the sentinel's must not cost them.
-        if stats is not None or scalars or alerts:
-            self.sink.write(Records(stats=stats, scalars=scalars, alerts=alerts))
+        if stats is not None or scalars or alerts or attention:
+            records = Records(stats=stats, scalars=scalars, alerts=alerts, attention=attention)
+            self.sink.write(records)
         if sentinel is not None:
             self.recorded_rows += len(sentinel)
             self.sink.write(Records(stats=sentinel))
