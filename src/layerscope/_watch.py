@@ -86,7 +86,8 @@ def watch(
             activations and gradients of the whole batch, parameters whole where FSDP
             shards them. Every rank must call ``watch`` (it makes a process group) and
             record the same steps; rows then appear at every ``flush_steps``-th recorded
-            step rather than on a timer. Scalars and sentinel rows stay each rank's own.
+            step rather than on a timer. Scalars, sentinel rows and attention rows stay
+            each rank's own.
         start_step: the number of the first step: a training resumed from a checkpoint
             passes the steps it had done, so that its steps (and ``every``) go on from there.
         tensors: whole tensors to keep in the run, beside the statistics: a regex (or list)
