@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+
 from conftest import launch
 
 pytestmark = pytest.mark.slow  # one torchrun launch, about 15 s

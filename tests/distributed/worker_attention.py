@@ -19,9 +19,9 @@ from torch import nn
 from training_job import start, write_json
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "attention"))
-from test_capture import BATCH, DIM, LENGTH, Tiny, _expected  # noqa: E402
+from test_capture import BATCH, DIM, LENGTH, Tiny, _expected
 
-import layerscope  # noqa: E402
+import layerscope
 
 STEPS = 3
 
