@@ -62,7 +62,7 @@ API_PAGES = {
 # pages show what they print, and running them again prints the same.
 STABLE_SNIPPETS = [
     "quickstart", "memory", "merging", "recorded", "call_order", "steps", "nan", "sql", "rules",
-    "precision",
+    "precision", "attention",
 ]  # fmt: skip
 
 

@@ -134,8 +134,8 @@ def watch(
             a time, on their device; the call's result is untouched. It costs about the
             attention's own score computation once more on recorded steps, and nothing on
             the others: the hooks and the patch of the function are on only while a pass
-            records. Calls made under torch.compile, or through a name bound before the
-            watch (``from torch.nn.functional import scaled_dot_product_attention``), are
+            records. Attention written out by hand, or called through a name bound before
+            the pass (``from torch.nn.functional import scaled_dot_product_attention``), is
             not seen; ``nn.MultiheadAttention`` always is.
 
     Returns:
