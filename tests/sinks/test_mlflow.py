@@ -204,3 +204,21 @@ def test_mlflow_needs_its_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)
     with pytest.raises(ImportError, match=r"layerscope\[mlflow\]"):
         layerscope.watch(nn.Linear(2, 2), sinks=[MLflow()])
+
+
+def test_each_attention_head_is_a_metric_of_its_entropy(store):
+    sink = MLflow(tracking_uri=store)
+    model = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+    with layerscope.watch(model, every=1, sinks=[sink], attention=True, alerts=False) as scope:
+        for _ in range(2):
+            model(torch.randn(3, 5, 8)).sum().backward()
+            scope.step()
+    frame = scope.frame("attention")
+    client = MlflowClient(store)
+    for head in (0, 1):
+        mine = frame[frame["head"] == head].sort_values("step")
+        for column in ("entropy_mean", "entropy_frac"):
+            key = metric_name(f"train/attention/self_attn/head{head}/{column}")
+            steps, values = history(client, sink.run_id, key)
+            assert steps == mine.step.tolist() == [0, 1]
+            assert values == pytest.approx(mine[column].tolist(), rel=1e-12)

@@ -76,3 +76,23 @@ def test_tensorboard_needs_its_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)
     with pytest.raises(ImportError, match=r"layerscope\[tensorboard\]"):
         layerscope.watch(nn.Linear(2, 2), sinks=[layerscope.sinks.TensorBoard("unused")])
+
+
+def test_each_attention_head_is_a_chart_of_its_entropy(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+    sink = layerscope.sinks.TensorBoard(tmp_path)
+    with layerscope.watch(model, every=1, sinks=[sink], attention=True) as scope:
+        for _ in range(2):
+            model(torch.randn(3, 5, 8)).sum().backward()
+            scope.step()
+    frame = scope.frame("attention")
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    for head in (0, 1):
+        rows = frame[frame["head"] == head].sort_values("step")
+        for column in ("entropy_mean", "entropy_frac"):
+            logged = events.Scalars(f"train/attention/self_attn/head{head}/{column}")
+            assert [e.step for e in logged] == rows.step.tolist() == [0, 1]
+            assert [e.value for e in logged] == pytest.approx(rows[column].tolist(), rel=1e-6)

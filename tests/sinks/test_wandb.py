@@ -319,3 +319,20 @@ def test_an_alert_record_reaches_the_table_with_every_field(offline):
     ]
     (ended,) = [r for r in _records(run_file(offline, sink.run_id)) if r.HasField("exit")]
     assert ended.exit.exit_code == 1  # the run failed
+
+
+def test_each_attention_head_is_a_chart_of_its_entropy(offline):
+    sink = WandB()
+    model = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+    with layerscope.watch(model, every=1, sinks=[sink], attention=True, alerts=False) as scope:
+        for _ in range(2):
+            model(torch.randn(3, 5, 8)).sum().backward()
+            scope.step()
+    frame = scope.frame("attention")
+    rows = history(offline, sink.run_id)
+    for head in (0, 1):
+        mine = frame[frame["head"] == head]
+        for column in ("entropy_mean", "entropy_frac"):
+            key = f"train/attention/self_attn/head{head}/{column}"
+            assert_logged(rows, key, mine.step, mine[column])
+    assert metrics_defined(offline, sink.run_id)["train/attention/*"] == "layerscope/step"

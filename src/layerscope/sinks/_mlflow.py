@@ -14,6 +14,7 @@ from layerscope.sinks._tags import (
     ALERT_COLUMNS,
     DEFAULT_STATS,
     ROOT,
+    attention_values,
     chosen_stats,
     histogram_bins,
     tagged_rows,
@@ -153,7 +154,7 @@ class MLflow:
         metric = self._metric
         metrics = [
             metric(metric_name(name), float(value), now, int(step))
-            for step, name, value in records.scalars
+            for step, name, value in (*records.scalars, *attention_values(records.attention))
         ]
         histograms: list[dict[str, Any]] = []
         if records.stats is not None and len(records.stats):

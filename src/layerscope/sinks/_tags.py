@@ -5,7 +5,8 @@ so that a chart found in one is found in the others under the same name: the roo
 ``<root>``, and a module's second and later calls in a step add ``#{call}`` to the tensor
 (``out#1``). Each chosen statistic is a scalar ``{tag}/{stat}``. Histograms keep the run's
 slots; ``histogram_bins`` turns the occupied ones into counts and finite edges, as trackers
-that draw histograms from bin edges want them.
+that draw histograms from bin edges want them. Each head of an attention call is a tensor of
+kind ``attention``, ``head{n}``, with the scalars ``entropy_mean`` and ``entropy_frac``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from layerscope.model import StatsRows
+from layerscope.model import AttentionRow, StatsRows
 
 if TYPE_CHECKING:
     from layerscope.sinks._base import RunInfo
@@ -40,6 +41,26 @@ ALERT_COLUMNS = (
     "threshold",
     "message",
 )
+
+
+#: The columns of the attention table that become charts.
+ATTENTION_STATS = ("entropy_mean", "entropy_frac")
+
+
+def attention_values(rows: Sequence[AttentionRow]) -> Iterator[tuple[int, str, float]]:
+    """``(step, name, value)`` of each head's charted columns; NaN (no query) left out.
+
+    Examples:
+        >>> row = AttentionRow(3, "train", 0, "h.0", 0, 1, 8, 1.5, 0.2, 0.72, 0.4)
+        >>> [name for _, name, _ in attention_values([row])]
+        ['train/attention/h.0/head1/entropy_mean', 'train/attention/h.0/head1/entropy_frac']
+    """
+    for row in rows:
+        tag = tag_of(row.phase, "attention", row.module, f"head{row.head}", row.call)
+        for name in ATTENTION_STATS:
+            value = getattr(row, name)
+            if not math.isnan(value):
+                yield row.step, f"{tag}/{name}", value
 
 
 def tag_of(phase: str, kind: str, module: str, tensor: str, call: int) -> str:

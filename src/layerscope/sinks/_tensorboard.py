@@ -11,7 +11,14 @@ from typing import Any
 
 from layerscope._imports import require
 from layerscope.sinks._base import Records, RunInfo, RunSummary
-from layerscope.sinks._tags import DEFAULT_STATS, TaggedRow, as_list, chosen_stats, tagged_rows
+from layerscope.sinks._tags import (
+    DEFAULT_STATS,
+    TaggedRow,
+    as_list,
+    attention_values,
+    chosen_stats,
+    tagged_rows,
+)
 
 _QUEUE = 4096  # events the event writer's thread may hold before an add waits
 
@@ -68,7 +75,7 @@ class TensorBoard:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         values: dict[int, list[Any]] = defaultdict(list)
-        for step, name, value in records.scalars:
+        for step, name, value in (*records.scalars, *attention_values(records.attention)):
             values[step].append(Summary.Value(tag=name, simple_value=value))
         chunk = records.stats
         if chunk is not None:

@@ -10,6 +10,7 @@ from layerscope.sinks._base import Records, RunInfo, RunSummary
 from layerscope.sinks._tags import (
     ALERT_COLUMNS,
     DEFAULT_STATS,
+    attention_values,
     chosen_stats,
     histogram_bins,
     tagged_rows,
@@ -129,7 +130,7 @@ class WandB:
             return
         prefix = self.prefix
         by_step: dict[int, dict[str, Any]] = {}
-        for step, name, value in records.scalars:
+        for step, name, value in (*records.scalars, *attention_values(records.attention)):
             by_step.setdefault(step, {})[prefix + name] = value
         if records.stats is not None and len(records.stats):
             self._add_stats(records, by_step)
