@@ -254,3 +254,21 @@ def test_a_tracker_that_fails_is_one_line(cli, run_dir, tmp_path, monkeypatch):
     assert err.startswith("layerscope export: MLflow: MlflowException: ")
     assert "MLFLOW_ALLOW_FILE_STORE" in err
     assert err.count("\n") == 1
+
+
+def test_attention_rows_are_exported_as_each_heads_charts(tmp_path, cli):
+    model = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+    path = tmp_path / "runs" / "attn"
+    with layerscope.watch(model, every=1, run=path, attention=True, alerts=False) as scope:
+        for _ in range(3):
+            model(torch.randn(3, 5, 8)).sum().backward()
+            scope.step()
+    run = layerscope.load(path)
+    assert len(run.attention) == 3 * 2
+    assert cli("export", path, "--tensorboard", tmp_path / "tb")[0] == 0
+    events = _events(tmp_path / "tb")
+    for head, rows in run.attention.groupby("head"):
+        for column in ("entropy_mean", "entropy_frac"):
+            steps, values = _logged(events, f"train/attention/self_attn/head{head}/{column}")
+            assert steps == rows.step.tolist() == [0, 1, 2]
+            assert values == pytest.approx(rows[column].tolist(), rel=1e-6)

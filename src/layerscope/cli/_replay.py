@@ -18,7 +18,15 @@ import torch
 from layerscope.cli._open import CommandError
 from layerscope.distributed import ProcessRank
 from layerscope.health import Alert
-from layerscope.model import SENTINEL_STATS, Form, Identities, Identity, Kind
+from layerscope.model import (
+    ATTENTION_COLUMNS,
+    SENTINEL_STATS,
+    AttentionRow,
+    Form,
+    Identities,
+    Identity,
+    Kind,
+)
 from layerscope.sinks import (
     ALERT_COLUMNS,
     DEFAULT_STATS,
@@ -136,13 +144,14 @@ def replay(recorded: Run, rank: int = 0) -> Iterator[Records]:
     """The rows of ``rank`` as ``Records``, one per range of steps of about ``CHUNK_ROWS``.
 
     Each range's statistics come first as training wrote them, then its sentinel rows
-    (statistics of steps not fully recorded), its scalars and its alerts.
+    (statistics of steps not fully recorded), its scalars, its alerts and its attention rows.
     """
     rank = int(rank)
     config = recorded.meta.get("config") or {}
     edges = recorded.meta.get("histogram_edges")
     identities = Identities()
     alerts = _alerts(recorded, rank)
+    attention = _attention(recorded, rank)
     for low, high in step_ranges(recorded, rank):
         where = "rank = $rank"
         where += "" if low is None else " and step > $low"
@@ -159,6 +168,7 @@ def replay(recorded: Run, rank: int = 0) -> Iterator[Records]:
                 for step, name, value in scalars.itertuples(index=False)
             ],
             alerts=[alert for alert in alerts if _within(alert.step, low, high)],
+            attention=[row for row in attention if _within(row.step, low, high)],
         )
         chunks = [
             _stats_rows(frame[frame["sentinel"] == sentinel], rank, config, edges, identities)
@@ -218,6 +228,16 @@ def _alerts(recorded: Run, rank: int) -> list[Alert]:
             fields["severity"] = "warning"
         alerts.append(Alert(**fields))
     return alerts
+
+
+def _attention(recorded: Run, rank: int) -> list[AttentionRow]:
+    """The rank's attention rows, read at once (a few per head and recorded step)."""
+    frame = recorded.attention
+    frame = frame[frame["rank"] == rank]
+    return [
+        AttentionRow(*(record[name] for name in ATTENTION_COLUMNS))
+        for record in frame.to_dict("records")
+    ]
 
 
 def _stats_rows(
