@@ -105,3 +105,21 @@ def test_one_rank_fsdp2_records_its_shards_without_failures(one_rank_group):
         row = recorded.loc[tuple(name.split("."))]
         assert row["numel"] == grad.numel()
         assert row["mean"] == pytest.approx(grad.double().mean().item(), rel=1e-6)
+
+
+def test_the_noise_scale_under_fsdp2_is_one_warning_and_no_estimate(one_rank_group):
+    from torch.distributed.fsdp import fully_shard
+
+    model = mlp()
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(layerscope.LayerscopeWarning, match="noise_scale: not available under FSDP"):
+        scope = layerscope.watch(model, optimizer=optimizer, every=1, noise_scale=8)
+    with scope:
+        for _ in range(2):  # two micro-batches: an estimate, were the gradients seen
+            (model(torch.randn(8, 4)).square().mean() / 2).backward()
+        optimizer.step()
+    assert scope.failures == 1
+    scalars = scope.frame("scalars")
+    assert not scalars.name.str.startswith("noise/").any()
+    assert len(scope.frame()) > 0  # the rest is recorded

@@ -23,7 +23,9 @@ loop that does not divide scales ``|G|^2`` and ``tr(Sigma)`` by ``k^2``, and ``B
 ratio, not at all. So does GradScaler's loss scale: its ``S^2`` is in both.
 
 The hooks are on the parameters only while a recorded step is in progress: an unrecorded step
-carries none. The sums stay on the gradients' device, and go out as the step's scalars.
+carries none. The sums stay on the gradients' device, and go out as the step's scalars. Under
+FSDP no hook sees a micro-batch's own gradient (they reach the parameters reduced to shards):
+the estimate is not made there, with one warning.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from layerscope.distributed import shard_label
 from layerscope.hooks._cost import CostMeter
 from layerscope.hooks._handles import HookHandles, in_backward, weak_hook
 from layerscope.hooks._steps import StepClock
@@ -104,6 +107,13 @@ class NoiseScale:
         self._groups: dict[str, list[int]] = {}  # module name -> positions in _params
         if self._on:
             self._params, self._groups = _own_parameters(targets)
+        if self._params and _sharded(root, self._params):
+            # FSDP reduces each gradient to its shards before any hook on the parameter sees
+            # it: there is no micro-batch's own gradient to read.
+            self._on, self._params, self._groups = False, [], {}
+            fail("estimating the gradient noise scale", ValueError(
+                "noise_scale: not available under FSDP, which shards each micro-batch's "
+                "gradients before a parameter's hook sees them"))  # fmt: skip
         self._handles = HookHandles()
         self._squares: list[Tensor | None] = []  # per parameter: sum_i |d_i|^2
         self._cross: list[Tensor | None] = []  # per parameter: sum_i <d_1 + ... + d_{i-1}, d_i>
@@ -243,6 +253,13 @@ def _own_parameters(
             if name:
                 groups.setdefault(name, []).append(position)
     return params, groups
+
+
+def _sharded(root: nn.Module, params: Sequence[Tensor]) -> bool:
+    """Whether FSDP shards the model: FSDP2's DTensor parameters, or FSDP's wrapper."""
+    if any(shard_label(param) is not None for param in params):
+        return True
+    return any(type(module).__name__ == "FullyShardedDataParallel" for module in root.modules())
 
 
 def _plus(total: Tensor | None, value: Tensor) -> Tensor:
