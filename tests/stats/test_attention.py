@@ -482,3 +482,14 @@ def test_multihead_causal_hint_needs_its_mask() -> None:
     x = torch.randn(3, 1, 4)
     with pytest.raises(ValueError, match="attn_mask"):
         multihead_query_key(module, x, x, is_causal=True)
+
+
+def test_autocast_around_the_call_leaves_the_logits_in_float32() -> None:
+    # The hook runs inside the model's forward, where autocast may be on: it must not lower
+    # the recomputed logits to bfloat16.
+    q, k = qk(2, 3, 6, 6)
+    q, k = q.float(), k.float()
+    plain = attention_partials(q, k, is_causal=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = attention_partials(q, k, is_causal=True)
+    assert torch.equal(plain, autocast)

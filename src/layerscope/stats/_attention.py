@@ -25,6 +25,7 @@ chunk's rows of a bool mask negated (a byte per mask element), the chunk's queri
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -94,7 +95,7 @@ def attention_partials(
         >>> rows[0, :3].tolist() == [3.0, math.log(2) + math.log(3), 0.0]
         True
     """
-    with torch.no_grad():
+    with torch.no_grad(), _full_precision(query.device):
         query, key = _with_heads(query), _with_heads(key)
         heads, length, width = query.shape[-3:]
         key_heads, keys = key.shape[-3], key.shape[-2]
@@ -136,6 +137,13 @@ def attention_partials(
                     logits.masked_fill_(part <= torch.finfo(part.dtype).min / 2, -_INF)
             rows = merge_attention(rows, _chunk_rows(logits))
         return rows
+
+
+def _full_precision(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """Autocast off: a model's forward under autocast would make the logits bfloat16."""
+    if device.type in ("cpu", "cuda", "xpu", "mps", "hpu"):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _with_heads(x: Tensor) -> Tensor:
@@ -298,7 +306,7 @@ def multihead_query_key(
     """
     if is_causal and attn_mask is None:
         raise ValueError("is_causal is a hint that attn_mask is the causal mask: give attn_mask")
-    with torch.no_grad():
+    with torch.no_grad(), _full_precision(query.device):
         if query.dim() == 2:  # unbatched: one batch of one
             query, key = query.unsqueeze(0), key.unsqueeze(0)
             if key_padding_mask is not None:
