@@ -309,3 +309,19 @@ def test_compiled_functions_run_compiled_where_layerscope_allows_them_on_a_recor
     finally:
         stance.release_eager_stance(holder)
     assert _current_stance() == "default"
+
+
+def test_a_scope_dropped_open_gives_the_default_stance_back():
+    # A notebook that re-runs a cell drops its open scope: compiled code must not stay eager.
+    import gc
+
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(4, 4))
+    scope = layerscope.watch(model, every=1)
+    model(torch.randn(2, 4)).sum().backward()
+    assert _current_stance() == "force_eager"
+    pipeline = scope._pipeline
+    del scope, model
+    gc.collect()
+    assert _current_stance() == "default"
+    pipeline.close(lambda *counts: layerscope.sinks._base.RunSummary("failed", 0.0, 0, 0, 0, 0))

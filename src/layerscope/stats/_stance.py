@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import weakref
 from collections.abc import Iterator
 
 import torch
 
 _FORCED = "force_eager"
 _holders: set[int] = set()  # the scopes that want recorded steps eager now
+# A holder dropped without closing (a scope left open, then collected) lets go as it dies:
+# else every compiled function of the process would run eagerly from then on.
+_finalizers: dict[int, weakref.finalize[[int], object]] = {}
 
 
 def follow_eager_stance(holder: object, records: bool) -> None:
@@ -37,12 +41,22 @@ def follow_eager_stance(holder: object, records: bool) -> None:
         if not _holders and _current() != "default":
             return  # the user's own stance
         _holders.add(key)
+        with contextlib.suppress(TypeError):  # one that takes no weak reference: till released
+            _finalizers[key] = weakref.finalize(holder, _let_go, key)
         if len(_holders) == 1:
             torch.compiler.set_stance(_FORCED)
     else:
-        _holders.discard(key)
-        if not _holders and _current() == _FORCED:
-            torch.compiler.set_stance("default")
+        _let_go(key)
+
+
+def _let_go(key: int) -> None:
+    """Holder ``key`` wants no stance any more; the default comes back when none does."""
+    finalizer = _finalizers.pop(key, None)
+    if finalizer is not None:
+        finalizer.detach()
+    _holders.discard(key)
+    if not _holders and _current() == _FORCED:
+        torch.compiler.set_stance("default")
 
 
 def release_eager_stance(holder: object) -> None:
