@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from layerscope._imports import require
-from layerscope.plots import _distribution, _images, _lines, _precision
+from layerscope.plots import _attention, _distribution, _images, _lines, _precision
+from layerscope.plots._attention import AttentionModules
 from layerscope.plots._select import Modules
 
 if TYPE_CHECKING:
@@ -185,6 +186,37 @@ class RunPlots:
             run.plot.precision("e4m3", kind="grad").savefig("fp8-grads.png")
         """
         return _precision.precision_heatmap(self.run, fmt, kind, modules, phase, tensor, which)
+
+    def attention(
+        self,
+        module: AttentionModules = None,
+        *,
+        value: str = "entropy_frac",
+        phase: str = "train",
+    ) -> Figure:
+        """Per attention module a panel: its heads (rows) by recorded steps (columns).
+
+        Reads the ``attention`` table (``watch(model, attention=True)``). The colour is
+        ``value``: ``"entropy_frac"`` (each query's attention entropy over the log of the keys
+        it may attend to, averaged: 1 spread evenly, 0 all on one key), ``"entropy_mean"`` or
+        ``"entropy_min"`` (nats, from 0 to the log of the most keys), or ``"max_prob"`` (the
+        largest probability, averaged over queries). Red is a collapse (entropy near 0,
+        probability near 1), blue attention spread evenly; grey a step a head has no row.
+        Rows are heads, ``call:head`` where a module makes several attention calls a pass;
+        columns the steps any panel recorded. ``module`` is None for every module that made
+        attention calls, in model order, one's name, a regex searched in their names, or a
+        list of names. Shows the lowest rank.
+
+        Raises:
+            ValueError: the run recorded no attention (or none in ``phase``), an unknown
+                ``value``, or a ``module`` that made no attention call.
+
+        Example::
+
+            run.plot.attention().savefig("heads.png")
+            scope.plot.attention("blocks.2.attn", value="max_prob")
+        """
+        return _attention.attention_heatmap(self.run, module, value, phase)
 
     def grad_norms(self, *, modules: Modules = None, phase: str = "train") -> Figure:
         """The L2 norm of each layer's weight gradient over steps, log y."""
