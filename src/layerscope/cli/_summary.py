@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from layerscope.cli import _format, _queries
 from layerscope.cli._alerts import alerts_table, count_line, severity_counts
 from layerscope.cli._arguments import PHASES, RUN_METAVAR, count
+from layerscope.cli._attention import attention_table
 from layerscope.cli._console import Output, open_output
 from layerscope.cli._headroom import headroom_fields
 from layerscope.cli._layer_table import OVERVIEW, layers_table, measures_of
@@ -30,7 +31,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         description=(
             "Show a run (finished, running or crashed): its metadata and layerscope's cost, "
             "each layer in model order with its latest statistics and their trend since the "
-            "first recorded step, and its alerts."
+            "first recorded step, the attention heads of lowest entropy (where recorded), "
+            "and its alerts."
         ),
     )
     parser.add_argument("run", metavar=RUN_METAVAR, help="the run's directory (or fsspec URL)")
@@ -62,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
     headroom = headroom_fields(opened, args.phase, rank)
     if headroom is not None:
         output.fields(*headroom)
+    heads = attention_table(opened, args.phase, rank)
+    if heads is not None:
+        output.table(heads)
     counts = severity_counts(opened)
     output.line(count_line(counts))
     if counts:
