@@ -30,6 +30,7 @@ in the figures, ``columns`` caps the columns of steps)::
     /api/runs/RUN/series?module=&kind=...  one layer's statistics over steps
     /api/runs/RUN/colordim?module=&kind=.. one layer's histogram (log2 or linear) over steps
     /api/runs/RUN/distribution?module=&step=&kind=...  its histogram at one step
+    /api/runs/RUN/attention?phase=&rank=   attention heads by steps of entropy fraction
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from layerscope._imports import require
 from layerscope.store import Run, RunFileError
-from layerscope.ui import _assets, _distributions, _heatmap, _overview
+from layerscope.ui import _assets, _attention, _distributions, _heatmap, _overview
 from layerscope.ui._catalog import RunCatalog, UnknownRunError
 from layerscope.ui._query import MAX_COLUMNS, Selection, bucket_width
 
@@ -147,6 +148,11 @@ def create_app(root: str | os.PathLike[str], *, host: str = "127.0.0.1") -> Star
         answer = _distributions.distribution(run, selection, module, _integer(request, "step"))
         return catalog.noted(answer, run, fresh)
 
+    def attention(request: Request) -> dict[str, Any]:
+        run, selection, width, fresh = _chart(catalog, request)
+        answer = _attention.attention(run, selection.phase, selection.rank, width)
+        return catalog.noted(answer, run, fresh)
+
     routes = [
         Route("/", _page, methods=["GET"]),
         Route("/static/{file}", _static, methods=["GET"]),
@@ -162,6 +168,7 @@ def create_app(root: str | os.PathLike[str], *, host: str = "127.0.0.1") -> Star
                 ("series", series),
                 ("colordim", colordim),
                 ("distribution", distribution),
+                ("attention", attention),
             ]
         ),
     ]

@@ -2,7 +2,8 @@
 
 The report holds, under the same keys the page asks the server for, every answer its views
 can ask for: the summary, modules, scalars and alerts of each rank, the heat map of every
-kind, tensor, statistic and phase, and each layer's series and histogram over steps. Each
+kind, tensor, statistic and phase, each layer's series and histogram over steps, and the
+attention heads by steps of each phase (none where the run recorded no attention). Each
 layer's distribution at a step is the column of its histogram over steps that holds the step.
 Plotly's script, the page's script and style and the data are inlined, and a
 Content-Security-Policy lets the file load nothing from anywhere: it opens offline.
@@ -21,7 +22,7 @@ from typing import Any
 from urllib.parse import quote as url_quote
 
 from layerscope.store import Run, load
-from layerscope.ui import _assets, _distributions, _heatmap, _overview
+from layerscope.ui import _assets, _attention, _distributions, _heatmap, _overview
 from layerscope.ui._query import Selection, bucket_width
 
 REPORT_COLUMNS = 200
@@ -70,6 +71,8 @@ def answers(run: Run, run_id: str, *, layers: bool = True) -> Iterator[tuple[str
         yield api_key(run_path(run_id, "scalars"), {"rank": rank}), _overview.scalars(run, rank)
         yield api_key(run_path(run_id, "alerts"), {"rank": rank}), _overview.alerts(run, rank)
         for phase in summary["phases"]:
+            heads = _attention.attention(run, phase, rank, width)
+            yield api_key(run_path(run_id, "attention"), {"phase": phase, "rank": rank}), heads
             for kind, tensors in summary["kinds"].items():
                 for tensor in tensors:
                     selection = Selection.checked(kind, tensor, phase, rank)

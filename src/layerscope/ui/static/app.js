@@ -109,7 +109,7 @@
     renderHead();
     renderOverhead();
     // The heat map first: the answers are on their way already, and the first drawn shows first.
-    await Promise.all([renderHeatmaps(), renderScalars(), renderAlerts()]);
+    await Promise.all([renderHeatmaps(), renderScalars(), renderAlerts(), renderAttention()]);
     renderModules();
     if (mine !== generation) return;
     fillCompare(REPORT ? (REPORT.compare ? [REPORT.compare] : []) : null);
@@ -158,7 +158,8 @@
         if (newKinds) chooseDefaults();
         renderHead();
         renderOverhead();
-        await Promise.all([renderScalars(), renderAlerts(), renderHeatmaps(), state.module !== null ? renderLayer() : null]);
+        await Promise.all([renderScalars(), renderAlerts(), renderHeatmaps(), renderAttention(),
+                           state.module !== null ? renderLayer() : null]);
         if (mine === generation) document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
       }
       replace("live", summary.status === "running" ? "● live" : "");
@@ -206,6 +207,7 @@
     renderScalars();
     renderAlerts();
     renderHeatmaps();
+    renderAttention();
     if (state.module !== null) renderLayer();
   }
 
@@ -242,6 +244,7 @@
       update(value);
       newRound();
       renderHeatmaps();
+      renderAttention();
       if (layerToo && state.module !== null) renderLayer();
     };
   }
@@ -328,6 +331,40 @@
     }
     node.layerscopeLayers = data.layers;
     node.layerscopeNames = figure.names;
+  }
+
+  // ------------------------------------------------------------------ attention
+
+  // The attention heads of the phase and rank shown; no panel for a run that recorded none.
+  async function renderAttention() {
+    const mine = generation;
+    const panel = document.getElementById("attention-panel");
+    let data;
+    try {
+      data = await api(runPath(state.run, "attention"), { phase: state.phase, rank: state.rank });
+    } catch (error) {
+      panel.hidden = false;
+      showError("attention", error);
+      return;
+    }
+    if (mine !== generation) return;
+    panel.hidden = !data.phases.length;
+    const node = document.getElementById("attention");
+    if (!data.modules.length) {
+      Plotly.purge(node);
+      replace("attention", el("p", { class: "note" }, "no attention rows in phase " + state.phase + ", rank " + state.rank));
+      replace("attention-note");
+      return;
+    }
+    if (!node.classList.contains("js-plotly-plot")) node.replaceChildren();
+    const figure = figures.attention(data, state.run + state.phase + state.rank);
+    await Plotly.react(node, figure.data, figure.layout, PLOT_CONFIG);
+    node.dataset.modules = String(data.modules.length);
+    node.dataset.columns = String(data.steps.length);
+    replace("attention-note", (data.downsampled
+      ? `${data.steps.length} columns of ${data.width} steps each (the lowest of each column's recorded steps)`
+      : `${data.steps.length} recorded steps`) +
+      "; entropy fraction: each query's attention entropy over log(keys it may attend to), averaged over queries");
   }
 
   // ------------------------------------------------------------------ one layer

@@ -97,6 +97,41 @@ window.layerscope.figures = (function () {
     return { data: data, layout, names };
   }
 
+  // Attention heads: red where a head's attention collapses onto one key (entropy fraction
+  // 0), through yellow, to blue where it is spread evenly (1): ColorBrewer's RdYlBu.
+  const COLLAPSE_SCALE = [[0, "#d73027"], [0.25, "#fc8d59"], [0.5, "#ffffbf"], [0.75, "#91bfdb"], [1, "#4575b4"]];
+  const HEAD_ROW_PX = 16, MODULE_GAP_PX = 34;
+
+  // Each attention module's heads (rows, "call:head" where it attends several times a pass)
+  // by columns of steps, stacked top to bottom on one step axis and one colour scale, 0 to 1.
+  function attention(answer, revision) {
+    const rows = answer.modules.map((m) => m.heads.length);
+    const height = rows.reduce((sum, n) => sum + n * HEAD_ROW_PX + MODULE_GAP_PX, 0);
+    const columns = answer.downsampled ? ` (a column of ${answer.width} steps, its ${answer.aggregate})` : "";
+    const data = [], annotations = [], layout = {};
+    let top = 0;
+    answer.modules.forEach((m, index) => {
+      const several = new Set(m.calls).size > 1;
+      const labels = m.heads.map((head, row) => (several ? m.calls[row] + ":" + head : String(head)));
+      const axis = index ? "y" + (index + 1) : "y";
+      const name = escape(layerName(m.module));
+      const upper = 1 - (top + MODULE_GAP_PX) / height;
+      top += rows[index] * HEAD_ROW_PX + MODULE_GAP_PX;
+      layout["yaxis" + (index ? index + 1 : "")] = { domain: [1 - top / height, upper], type: "category",
+        autorange: "reversed", anchor: "x", title: { text: several ? "call:head" : "head", font: { size: 11 } } };
+      annotations.push({ text: name + (m.type ? " (" + escape(m.type) + ")" : ""), xref: "paper", yref: "paper",
+        x: 0, y: upper, xanchor: "left", yanchor: "bottom", showarrow: false, font: { size: 12 } });
+      data.push({ type: "heatmap", x: answer.steps, y: labels, z: unpack(m.values), yaxis: axis, zmin: 0, zmax: 1,
+        colorscale: COLLAPSE_SCALE, showscale: index === 0, hoverongaps: false,
+        colorbar: { title: { text: "entropy fraction" }, len: Math.min(1, 300 / height), y: 1, yanchor: "top" },
+        hovertemplate: name + " head %{y}<br>step %{x}" + columns + "<br>entropy fraction %{z:.3f}<extra></extra>" });
+    });
+    const bottom = answer.modules.length > 1 ? "y" + answer.modules.length : "y";
+    Object.assign(layout, { margin: { t: 10, r: 10, b: 40, l: 60 }, height: height + 60, uirevision: revision,
+      xaxis: { title: { text: "step" }, anchor: bottom }, annotations });
+    return { data, layout };
+  }
+
   // A legend entry and nothing drawn: the colour of cells that a colour bar cannot show.
   function legendSwatch(colour, name) {
     return { type: "scatter", mode: "markers", x: [null], y: [null], name: escape(name), hoverinfo: "skip",
@@ -259,5 +294,5 @@ window.layerscope.figures = (function () {
              hovertemplate: "value %{text}<br>fraction %{y:.4g}<extra></extra>" };
   }
 
-  return { markStep, scalars, sharedRange, heatmap, series, colorDim, columnDistribution, distribution };
+  return { markStep, scalars, sharedRange, heatmap, attention, series, colorDim, columnDistribution, distribution };
 })();

@@ -167,6 +167,8 @@ window.layerscope.panels = (function () {
         el("div", { class: "heatmaps" }, el("div", { id: "heatmap", class: "chart tall" }),
           el("div", { id: "heatmap-compare", class: "chart tall" })),
         el("p", { id: "heatmap-note", class: "note" }), el("p", { id: "heatmap-unmatched", class: "note" })),
+      el("section", { id: "attention-panel", class: "panel", hidden: "" }, el("h2", {}, "Attention heads by steps"),
+        el("div", { id: "attention", class: "chart" }), el("p", { id: "attention-note", class: "note" })),
       el("section", { id: "layer-panel", class: "panel" }, el("h2", {}, "Layer ", el("span", { id: "layer-name" }, "–"),
         " ", el("span", { id: "layer-type", class: "type" }), " ", el("span", { id: "layer-step", class: "note" })),
         el("div", { id: "series-controls", class: "controls" }),
