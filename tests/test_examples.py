@@ -93,3 +93,20 @@ def test_pytorch_inspector_example_films_activations_and_weight_gradients(tmp_pa
     for name in ("0-activation-out", "0-weight_grad-weight", "0-weight_grad-bias"):
         assert f"run/videos/heatmap/{name}-train.gif: 4 frames" in out
     assert "frames dropped: 0" in out
+
+
+def test_attention_example_names_the_head_it_collapses(tmp_path):
+    pytest.importorskip("sklearn")
+    pytest.importorskip("matplotlib")
+    import layerscope
+
+    out = run_example("attention.py", tmp_path / "images", cwd=tmp_path)
+    assert out == f"{tmp_path / 'images' / 'attention.png'}\n"
+    assert (tmp_path / "images" / "attention.png").stat().st_size > 10_000
+    run = layerscope.load(tmp_path / "runs" / "attention")
+    alerts = run.alerts[run.alerts.rule == "attention_collapse"]
+    assert set(zip(alerts.module, alerts.tensor, strict=True)) == {("blocks.2.attn", "head 1")}
+    assert alerts.step.min() >= 50  # the step its queries grow 100 times
+    last = run.attention[run.attention.step == run.attention.step.max()]
+    lowest = last.sort_values("entropy_frac").iloc[0]
+    assert (lowest.module, lowest["head"]) == ("blocks.2.attn", 1)
