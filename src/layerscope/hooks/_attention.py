@@ -23,6 +23,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from layerscope.distributed import local_tensor
 from layerscope.hooks._cost import CostMeter
 from layerscope.hooks._handles import HookHandles, in_backward, weak_hook
 from layerscope.hooks._sdpa_patch import AttentionCall, observe_attention, stop_observing
@@ -175,10 +176,12 @@ class AttentionWatch:
             phase = "train" if self._clock.training else "eval"
             count = self._calls.get((module, phase), 0)
             self._calls[(module, phase)] = count + 1
+            # A DTensor (tensor parallelism) is read as its local heads: a matmul of DTensors
+            # would be a collective that the other ranks never make.
             partials = attention_partials(
-                query.detach(),
-                key.detach(),
-                attn_mask=None if mask is None else mask.detach(),
+                local_tensor(query).detach(),
+                local_tensor(key).detach(),
+                attn_mask=None if mask is None else local_tensor(mask).detach(),
                 is_causal=is_causal,
                 scale=scale,
                 enable_gqa=enable_gqa,
