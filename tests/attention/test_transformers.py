@@ -96,8 +96,8 @@ def test_each_head_matches_the_eager_weights(form):
     assert len(frame) == 2 * LAYERS * HEADS  # steps x modules x heads, one call each
     assert (frame.call == 0).all()
     assert (frame["keys"] == LENGTH).all()
-    # Counting keys by position alone (8 for the padded sequence's last queries, not its 5
-    # real keys) gives another entropy_frac: the comparison below tells them apart.
+    # Counting keys by position alone (6 to 8 for the padded sequence's last queries, not its
+    # 5 real keys) gives another entropy_frac: the comparison below tells them apart.
     positional = allowed.clone()
     positional[1] = allowed[0]
     for step, weights in enumerate(seen):
@@ -105,6 +105,8 @@ def test_each_head_matches_the_eager_weights(form):
             rows = frame[(frame.step == step) & (frame.module == name)].sort_values("head")
             assert rows["head"].tolist() == list(range(HEADS))
             want = _reference(layer, allowed)
+            # Both sides start from float32 logits (torch's softmax there, float32 exponentials
+            # summed in float64 here): they agree to a few float32 roundings, well within 1e-5.
             np.testing.assert_allclose(rows[VALUES].to_numpy(), want, rtol=1e-5, atol=1e-6)
             wrong = _reference(layer, positional)[:, 2]
             assert (np.abs(wrong - want[:, 2]) > 1e-3).all()
@@ -115,7 +117,9 @@ def test_training_is_bit_identical_with_and_without_attention():
 
     def trained(**watch):
         sdpa, _ = _models()
-        _train(sdpa, 2, padding, **watch)
+        scope, _ = _train(sdpa, 2, padding, **watch)
+        if watch.get("attention"):
+            assert len(scope.frame("attention")) == 2 * LAYERS * HEADS  # it did recompute
         return [p.detach().clone() for p in sdpa.parameters()]
 
     unwatched = trained()
