@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 
 
@@ -93,3 +95,52 @@ def test_gpu_benchmark_runs_every_configuration_on_the_cpu(tmp_path):
     assert exactness["rows_without_reference"] == 0
     tensors = exactness["tensors"]
     assert tensors["bit_equal"] == tensors["kept"] == tensors["expected"] > 0
+
+
+def test_attention_benchmark_times_every_configuration(tmp_path):
+    import json
+    import math
+
+    path = tmp_path / "attention.json"
+    command = [sys.executable, str(BENCHMARKS / "attention.py"), "--small", "--rounds", "1"]
+    command += ["--steps", "2", "--workloads", "nanogpt", "encoder", "--lengths", "256"]
+    command += ["--json", str(path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(path.read_text())
+    sizes = figures["sizes"]
+    for name in ("nanogpt", "encoder"):
+        workload = figures["workloads"][name]
+        # The script checks that rows came from recorded steps with attention only.
+        assert workload["attention_rows_per_step"] == sizes["layers"] * sizes["heads"]
+        ratios = [value for key, value in workload.items() if "_vs_" in key]
+        assert len(ratios) == 5
+        assert all(math.isfinite(ratio) and ratio > 0 for ratio in ratios), ratios
+    (memory,) = figures["memory"]
+    assert memory["keys"] == 256
+    assert memory["queries_per_chunk"] == 256  # 8 heads x 256 x 256 fit one chunk
+    assert memory["chunked"]["peak_mib"] > 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads Linux's VmHWM")
+@pytest.mark.xfail(
+    strict=True,
+    reason="layerscope/stats/_attention.py counts a chunk's allowed keys with a bool .sum(-1), "
+    "which copies the bool to int64 first: 8 more bytes a logit than the documented bound",
+)
+def test_attention_recompute_peak_is_its_chunk(tmp_path):
+    import json
+    import os
+
+    # One chunk of 512 queries x 2,048 keys x 4 heads: 2**22 logits, 32 MiB of float32 logits
+    # and exponentials, the bound the kernel's notes give. glibc's mmap threshold fixed: every
+    # large block is mapped when allocated and unmapped when freed, so the resident peak is
+    # the tensors' (the default threshold keeps freed chunks in the heap).
+    command = [sys.executable, str(BENCHMARKS / "attention.py"), "--child", "2048", str(2**22)]
+    command += ["--threads", "1"]
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak = json.loads(done.stdout)["peak_mib"]
+    assert peak > 16  # the logits alone: the measure sees the chunk
+    assert peak < 32 + 6  # the bound, and a few MiB of queries, masks and rows
