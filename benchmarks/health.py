@@ -6,7 +6,8 @@
 Each workload of the overhead benchmark (random data, AdamW at 1e-3) and the digits example's
 CNN (scikit-learn's digits, Adam at 3e-3, as ``examples/digits.py``) trains ``--steps`` steps
 watched with every kind captured (inputs, updates and buffers too) and every step recorded
-(``every=1``: the most rows for the rules to read). So do layouts that healthy runs often
+(``every=1``: the most rows for the rules to read); ``gpt`` with ``attention=True`` too, so that
+``attention_collapse`` reads each head's entropy. So do layouts that healthy runs often
 have and rules once flagged: ``amp``, the digits CNN with batches of 16 under bf16 autocast
 with a GradScaler at its default scale (65,536); ``convbn-sgd`` and ``convbn-adamw``,
 convolutions with biases followed by BatchNorm (whose gradients are zero up to rounding) on
@@ -69,6 +70,8 @@ def _conv_bn() -> nn.Module:
     )  # fmt: skip
 
 
+# Runs of transformers, watched with attention=True too: attention_collapse must stay quiet.
+ATTENTION = {"gpt"}
 # The workload whose data (and, but for convbn, model) a healthy layout's run takes.
 _DATA = {"convbn-sgd": "cnn", "convbn-adamw": "cnn", "inspect": "cnn"}
 RUNS = [*WORKLOADS, "digits", "amp", *_DATA]
@@ -104,7 +107,10 @@ def run(name: str, steps: int) -> dict[str, object]:
     kinds = tuple(kind for kind in EVERY_KIND if not (inspect and kind == "update"))
     started = time.perf_counter()
     watched = None if inspect else optimizer
-    with layerscope.watch(model, optimizer=watched, every=1, capture=kinds) as scope:
+    attention = name in ATTENTION
+    with layerscope.watch(
+        model, optimizer=watched, every=1, capture=kinds, attention=attention
+    ) as scope:
         for step in range(steps):
             x, y = batch(step)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=scaler is not None):
@@ -133,6 +139,7 @@ def run(name: str, steps: int) -> dict[str, object]:
         "per_row_us": 1e6 * monitor.seconds / max(monitor.rows, 1),
         "rows_per_flush": monitor.rows / max(monitor.flushes, 1),
         "share": monitor.seconds / took,
+        "attention_rows": len(scope.frame("attention")) if attention else None,
     }
 
 
@@ -214,6 +221,10 @@ def main() -> None:
         results.append(run(name, args.steps))
         print(f"{name}: done", file=sys.stderr)
     text = table(results)
+    for r in results:
+        if r["attention_rows"] is not None:
+            rows = r["attention_rows"]
+            text += f"\n\n{r['name']}: {rows:,} attention rows read (a head of a call a step)."
     on, raising = raise_cost()
     text += (
         f'\n\nalerts="raise" (one flag read back per step), the MLP workload with the sentinel, '
@@ -231,7 +242,9 @@ def main() -> None:
             "Health rules on healthy runs (CPU)",
             f"Machine: {report.machine(torch.get_num_threads())}. Command: "
             f"`{report.command('health.py')}`. {args.steps} steps of each run, every step "
-            "recorded with every kind (inputs, updates, buffers too), the default rules. The "
+            "recorded with every kind (inputs, updates, buffers too), the default rules; gpt "
+            "with attention=True too (each head's attention entropy, for attention_collapse). "
+            "The "
             "overhead benchmark's workloads train on random "
             "data with AdamW at 1e-3; digits is examples/digits.py's CNN on scikit-learn's "
             "digits with Adam at 3e-3; amp is that CNN with batches of 16 under bf16 autocast "
