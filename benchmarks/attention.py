@@ -350,8 +350,7 @@ def section(figures: dict[str, Any], threads: int) -> str:
         "mmap threshold fixed (`MALLOC_MMAP_THRESHOLD_=131072`) the peak is the tensors'. "
         f"Past one chunk it stops growing: at the longest, {per_logit:.1f} bytes per logit of "
         "a chunk, threshold fixed, where the kernel's notes count 8 (float32 logits and "
-        "exponentials); when this was written the rest was an int64 copy of the bool of "
-        "allowed keys in `(logits != -inf).sum(-1)`.\n\n"
+        "exponentials) and a few MiB of queries, masks and rows.\n\n"
     )
 
 

@@ -123,11 +123,6 @@ def test_attention_benchmark_times_every_configuration(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads Linux's VmHWM")
-@pytest.mark.xfail(
-    strict=True,
-    reason="layerscope/stats/_attention.py counts a chunk's allowed keys with a bool .sum(-1), "
-    "which copies the bool to int64 first: 8 more bytes a logit than the documented bound",
-)
 def test_attention_recompute_peak_is_its_chunk(tmp_path):
     import json
     import os

@@ -191,10 +191,13 @@ def _chunk_rows(logits: Tensor) -> Tensor:
     ``e = exp(z)`` and ``s = sum(e)``: the largest probability is ``1 / s`` and nothing is
     divided before the sums.
     """
-    allowed = (logits != -_INF).sum(-1)  # (B, H, c)
+    # The allowed keys counted in the buffer the exponentials reuse: a bool's sum would make
+    # an int64 copy, 8 bytes a logit.
+    weights = torch.ne(logits, -_INF, out=torch.empty_like(logits))
+    allowed = weights.sum(-1)  # (B, H, c): float counts, exact below 2**24 keys
     top = logits.amax(-1, keepdim=True)
     logits.sub_(top.masked_fill_(top == -_INF, 0.0))  # a fully masked row stays -inf
-    weights = logits.exp()
+    weights = torch.exp(logits, out=weights)
     total = weights.sum(-1).double()
     # Masked keys have e == 0; a finite stand-in for their -inf keeps 0 * z at 0, not NaN.
     logits.clamp_(min=torch.finfo(logits.dtype).min)
