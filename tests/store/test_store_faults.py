@@ -389,3 +389,19 @@ def test_a_writer_opening_a_place_removes_what_a_killed_writer_left_there(tmp_pa
     assert run.meta["status"] == "finished"
     assert sorted(set(run.stats.step)) == [0, 1, 2]
     assert not (place / RESERVE_FILE).exists()
+
+
+def test_a_transaction_on_fsspecs_shared_filesystem_holds_back_no_file_of_the_run(tmp_path):
+    # Lightning saves each checkpoint inside a transaction of fsspec's shared local
+    # filesystem; files opened on that object meanwhile are written only when it commits.
+    shared = fsspec.filesystem("file")
+    model = torch.nn.Linear(2, 2)
+    with shared.transaction:
+        with layerscope.watch(model, every=1, run=tmp_path / "run") as scope:
+            for _ in range(2):
+                model(torch.ones(1, 2)).sum().backward()
+                scope.step()
+        run = layerscope.load(tmp_path / "run")  # before the transaction commits
+        assert run.meta["status"] == "finished"
+        assert sorted(set(run.stats.step)) == [0, 1]
+    assert scope.failures == 0

@@ -64,7 +64,8 @@ class WholeTensors:
         self._root = ""
         if store is not None:
             fsspec = require("fsspec", "dataframe")  # the store's extra brings it
-            self._fs, root = fsspec.core.url_to_fs(store.path)
+            # Its own filesystem object, as the store's: no transaction of the training holds it.
+            self._fs, root = fsspec.core.url_to_fs(store.path, skip_instance_cache=True)
             self._root = root.rstrip("/")
         self.workers: TensorWorkers | None = None
         if on_tensor is not None:

@@ -90,7 +90,8 @@ def atomic_write(fs: Any, path: str, write: Callable[[Any], object]) -> None:
     directory, _, name = path.rpartition("/")
     temporary = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        with fs.open(temporary, "wb") as file:
+        # Written now, whatever transaction the filesystem object is in: it is renamed next.
+        with fs.open(temporary, "wb", autocommit=True) as file:
             write(file)
         fs.mv(temporary, path)
     except BaseException:

@@ -154,7 +154,7 @@ class RunFile:
             return
         path = f"{self.place}/{RESERVE_FILE}"
         try:
-            with self.fs.open(path, "wb") as file:
+            with self.fs.open(path, "wb", autocommit=True) as file:
                 # Random bytes: a compressing or deduplicating filesystem stores zeros in nothing.
                 file.write(os.urandom(max(RESERVE_BYTES, 4 * self._largest)))
         except BaseException:

@@ -150,7 +150,8 @@ class ParquetStore(RankFiles):
         """
         require("pyarrow", "dataframe")
         fsspec = require("fsspec", "dataframe")
-        self._fs, root = fsspec.core.url_to_fs(self.path)
+        # Its own filesystem object: a transaction on fsspec's shared one would hold writes back.
+        self._fs, root = fsspec.core.url_to_fs(self.path, skip_instance_cache=True)
         self._root = root.rstrip("/")
         self._info = info
         known = info.place.peek()
