@@ -16,11 +16,12 @@ Memory: the logits are computed for ``c`` queries at a time, with
 ``c = chunk_queries(B * H, S, chunk_elements) = max(1, chunk_elements // (B * H * S))``
 (``B`` batch, ``H`` query heads, ``S`` keys). A chunk holds its logits and their exponentials
 at once: ``2 * B * H * c * S`` elements of 4 bytes (8 for float64 inputs), at most
-``8 * chunk_elements`` bytes in float32 (32 MiB by default) while ``c`` is above one. Beside
-them come smaller, shorter-lived tensors: a bool per logit while the allowed keys are counted, the
-chunk's rows of a bool mask negated (a byte per mask element), the chunk's queries
+``8 * chunk_elements`` bytes in float32 (32 MiB by default) while ``c`` is above one (the allowed
+keys are counted in the exponentials' buffer). Beside them come smaller, shorter-lived tensors:
+the chunk's rows of a bool mask negated (a byte per mask element), the chunk's queries
 (``B * H * c * E``) and, for inputs not already float32 or float64, one upcast copy of the key
-(``B * Hk * S * E``). None of it grows with ``L``.
+(``B * Hk * S * E``). None of it grows with ``L``. A causal call's chunk takes only the keys up to
+its last query, the others being barred to all of it: about half the work of a whole one.
 """
 
 from __future__ import annotations
@@ -118,16 +119,21 @@ def attention_partials(
         for start in range(0, length, step):
             stop = min(start + step, length)
             chunk = query[:, :, start:stop].to(dtype)
+            # Causal: the keys after the chunk's last query are barred to all of it, and skipped.
+            seen = min(keys, stop) if is_causal else keys
             # (B, Hk, H / Hk * c, E) @ (B, Hk, E, S): a key head serves its query heads, unrepeated.
-            logits = torch.matmul(chunk.reshape(len(chunk), key_heads, -1, width), key_t)
-            logits = logits.reshape(len(chunk), heads, stop - start, keys).mul_(scale)
+            logits = torch.matmul(
+                chunk.reshape(len(chunk), key_heads, -1, width), key_t[..., :seen]
+            )
+            logits = logits.reshape(len(chunk), heads, stop - start, seen).mul_(scale)
             if is_causal:
-                later = torch.arange(keys, device=logits.device) > torch.arange(
+                later = torch.arange(seen, device=logits.device) > torch.arange(
                     start, stop, device=logits.device
                 ).unsqueeze(-1)
                 logits.masked_fill_(later, -_INF)
             if mask is not None:
                 part = mask if mask.shape[-2] == 1 else mask[..., start:stop, :]
+                part = part if part.shape[-1] == 1 else part[..., :seen]
                 if part.dtype == torch.bool:
                     logits.masked_fill_(part.logical_not(), -_INF)
                 else:
