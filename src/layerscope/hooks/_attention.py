@@ -21,11 +21,12 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
 from layerscope.distributed import local_tensor
 from layerscope.hooks._cost import CostMeter
 from layerscope.hooks._handles import HookHandles, in_backward, weak_hook
+from layerscope.hooks._layers import EVAL, TRAIN
 from layerscope.hooks._sdpa_patch import AttentionCall, observe_attention, stop_observing
 from layerscope.hooks._steps import StepClock
 from layerscope.model import clean_name
@@ -121,20 +122,17 @@ class AttentionWatch:
 
     def _on_call(self, call: AttentionCall) -> None:
         """A ``scaled_dot_product_attention`` call has returned."""
-        if self._in_multihead or threading.get_ident() != self._thread:
-            return
-        module = self._running[-1] if self._running else ""
-        self._record(module, call.query, call.key, call.attn_mask, call.is_causal, call.scale,
-                     call.enable_gqa)  # fmt: skip
+        if not self._in_multihead:
+            self._record(self._running[-1] if self._running else "", call)
 
     def _on_multihead(
         self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> None:
         self._in_multihead += 1
-        given = dict(zip(_MHA_INPUTS, args, strict=False))
-        given.update(kwargs)
         if not self._wanted():
             return
+        given = dict(zip(_MHA_INPUTS, args, strict=False))
+        given.update(kwargs)
         try:
             assert isinstance(module, nn.MultiheadAttention)
             query, key, mask = multihead_query_key(
@@ -148,7 +146,7 @@ class AttentionWatch:
         except Exception as error:
             self._fail(f"reading the attention of {name!r}", error)
             return
-        self._record(name, query, key, mask, False, None, False)
+        self._record(name, AttentionCall(query, key, mask, False, None, False))
 
     def _left_multihead(self, module: nn.Module, args: Any, output: Any) -> None:
         self._in_multihead = max(0, self._in_multihead - 1)
@@ -159,34 +157,26 @@ class AttentionWatch:
         clock = self._clock
         return clock.recording and not in_backward() and threading.get_ident() == self._thread
 
-    def _record(
-        self,
-        module: str,
-        query: Tensor,
-        key: Tensor,
-        mask: Tensor | None,
-        is_causal: bool,
-        scale: float | None,
-        enable_gqa: bool,
-    ) -> None:
+    def _record(self, module: str, call: AttentionCall) -> None:
         if not self._wanted():
             return
         start = time.perf_counter()
         try:
-            phase = "train" if self._clock.training else "eval"
+            phase = TRAIN if self._clock.training else EVAL
             count = self._calls.get((module, phase), 0)
             self._calls[(module, phase)] = count + 1
             # A DTensor (tensor parallelism) is read as its local heads: a matmul of DTensors
             # would be a collective that the other ranks never make.
+            mask = call.attn_mask
             partials = attention_partials(
-                local_tensor(query).detach(),
-                local_tensor(key).detach(),
+                local_tensor(call.query).detach(),
+                local_tensor(call.key).detach(),
                 attn_mask=None if mask is None else local_tensor(mask).detach(),
-                is_causal=is_causal,
-                scale=scale,
-                enable_gqa=enable_gqa,
+                is_causal=call.is_causal,
+                scale=call.scale,
+                enable_gqa=call.enable_gqa,
             )
-            keys = int(key.shape[-2])
+            keys = int(call.key.shape[-2])
             step = self._clock.pass_step
             self._recorder.add_attention(step, phase, module, count, keys, partials)
         except Exception as error:
