@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from layerscope.plots._source import RunTables
 
 
+from layerscope.plots._attention import head_matrix
 from layerscope.plots._histograms import histogram_edges, widen
 from layerscope.plots._images import LOG_SCALE_STATS
 from layerscope.plots._select import (
@@ -48,6 +49,7 @@ __all__ = [
     "check_phase",
     "check_stat",
     "column",
+    "head_matrix",
     "histogram_edges",
     "is_linear",
     "select_modules",

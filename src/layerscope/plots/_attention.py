@@ -93,7 +93,7 @@ def attention_heatmap(run: RunTables, modules: AttentionModules, value: str, pha
     fig, axes = panels(len(names))
     images = []
     for ax, name in zip(axes, names, strict=True):
-        rows, values = head_matrix(frame[frame["module"] == name], steps, value)
+        rows, values = head_matrix(frame[frame["module"] == name], steps)
         shown = np.ma.masked_invalid(values)
         image = ax.imshow(
             shown,
@@ -158,17 +158,18 @@ def read_heads(run: RunTables, names: list[str], value: str, phase: str) -> pand
 
 
 def head_matrix(
-    frame: pandas.DataFrame, steps: np.ndarray, value: str
+    frame: pandas.DataFrame, steps: np.ndarray, axis: str = "step"
 ) -> tuple[list[tuple[int, int]], np.ndarray]:
     """One module's (call, head) rows, in order, and a float64 (rows, steps) matrix.
 
-    NaN where a head has no row at a step.
+    ``frame`` holds call, head, ``axis`` (the column whose values ``steps`` lists, in order)
+    and value. NaN where a head has no row at a step.
     """
     keys = sorted(set(zip(frame["call"].astype(int), frame["head"].astype(int), strict=True)))
     row_of = {key: index for index, key in enumerate(keys)}
     values = np.full((len(keys), len(steps)), np.nan)
     rows = [row_of[(int(c), int(h))] for c, h in zip(frame["call"], frame["head"], strict=True)]
-    columns = np.searchsorted(steps, frame["step"].to_numpy(dtype=np.int64))
+    columns = np.searchsorted(steps, frame[axis].to_numpy(dtype=np.int64))
     values[rows, columns] = frame["value"].to_numpy(dtype=np.float64, na_value=np.nan)
     return keys, values
 

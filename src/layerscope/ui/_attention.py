@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from layerscope.plots import head_matrix
 from layerscope.store import Run
 from layerscope.ui._encode import integers, pack
 from layerscope.ui._heatmap import merges
@@ -71,12 +72,7 @@ def attention(run: Run, phase: str, rank: int, width: int) -> dict[str, Any]:
 
 def _module(rows: Any, name: str, module_type: str | None, buckets: np.ndarray) -> dict[str, Any]:
     """One module's rows as (call, head) rows by columns."""
-    keys = sorted(set(zip(rows["call"].astype(int), rows["head"].astype(int), strict=True)))
-    row_of = {key: index for index, key in enumerate(keys)}
-    values = np.full((len(keys), len(buckets)), np.nan)
-    where = [row_of[(int(c), int(h))] for c, h in zip(rows["call"], rows["head"], strict=True)]
-    columns = np.searchsorted(buckets, rows["bucket"].to_numpy(dtype=np.int64))
-    values[where, columns] = rows["value"].to_numpy(dtype=np.float64, na_value=np.nan)
+    keys, values = head_matrix(rows, buckets, "bucket")
     return {
         "module": name,
         "type": module_type,
