@@ -174,7 +174,8 @@ class Scope(RecordedReads):
                                  self._recorder, self._meter, self._fail)  # fmt: skip
         self._attention = AttentionWatch(self._root, config.attention, self._clock,
                                          self._recorder, self._meter, self._fail)  # fmt: skip
-        self._layers.follow(self._attention.sync)
+        if config.attention:  # a watch without it does nothing of it as passes begin
+            self._layers.follow(self._attention.sync)
         self._whole: WholeTensors | None = None
         try:
             self._layers.register()
