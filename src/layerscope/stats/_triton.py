@@ -39,6 +39,10 @@ PROGRAMS_PER_SM = 4  # a tensor's programs at most, per streaming multiprocessor
 INTERPRETED_PROGRAMS = 4
 CHUNK = 128  # programs' rows finish_kernel merges at once
 SLOT_CHUNK = 64  # histogram slots one finishing program sums
+# No fused multiply-add: each product and sum rounds on its own, as in the C kernel
+# (-ffp-contract=off) and torch's, so that a value on a linear bin's edge lands in the same
+# bin on every device. The kernels are bound by memory, not arithmetic.
+LAUNCH = {"enable_fp_fusion": False}
 
 # How the kernel reads each dtype (fp8 by name: older torch lacks some of them).
 _FLOAT_KINDS = {
@@ -110,7 +114,7 @@ def partials_into(x: Tensor, histogram: HistogramSpec | None, rows: Tensor, inde
         kernels.partials_kernel[(programs,)](
             flat, numel, parts, parts, parts, parts, hists, _linear(histogram, x.device, parts),
             _ranges(kind, x.device),
-            KIND=kind, HISTOGRAM=hist, SLOTS_POW2=slots_pow2, GROUP=False, BLOCK=block,
+            KIND=kind, HISTOGRAM=hist, SLOTS_POW2=slots_pow2, GROUP=False, BLOCK=block, **LAUNCH,
         )  # fmt: skip
     _finish(kernels, rows, index, 1, numel, programs, None, parts, hists, hist, slots_pow2)
 
@@ -134,6 +138,7 @@ def group_partials_into(
             group.flats[0], 0, group.offsets, group.sizes, group.program_table, parts, hists,
             _linear(histogram, device, parts), _ranges(group.kind, device),
             KIND=group.kind, HISTOGRAM=hist, SLOTS_POW2=slots_pow2, GROUP=True, BLOCK=group.block,
+            **LAUNCH,
         )  # fmt: skip
     _finish(kernels, rows, first, len(tensors), 0, 0, (group.sizes, group.firsts), parts, hists,
             hist, slots_pow2)  # fmt: skip
@@ -152,9 +157,11 @@ def group_extremes_into(tensors: Sequence[Tensor], pairs: Tensor) -> None:
     parts = torch.empty(group.programs, 3, dtype=torch.float64, device=pairs.device)
     kernels.extremes_kernel[(group.programs,)](
         group.flats[0], group.offsets, group.sizes, group.program_table, parts,
-        KIND=group.kind, BLOCK=group.block,
+        KIND=group.kind, BLOCK=group.block, **LAUNCH,
     )  # fmt: skip
-    kernels.extremes_finish_kernel[(len(tensors),)](group.firsts, parts, pairs, CHUNK=CHUNK)
+    kernels.extremes_finish_kernel[(len(tensors),)](
+        group.firsts, parts, pairs, CHUNK=CHUNK, **LAUNCH
+    )
 
 
 class _Group(NamedTuple):
@@ -218,7 +225,7 @@ def _finish(
     kernels.finish_kernel[(count, parts_of_row)](
         numel, programs, sizes, firsts, parts, hists, rows[first], row_width, slots,
         HISTOGRAM=hist, SLOTS_POW2=slots_pow2, GROUP=group is not None, CHUNK=CHUNK,
-        SLOT_CHUNK=SLOT_CHUNK,
+        SLOT_CHUNK=SLOT_CHUNK, **LAUNCH,
     )  # fmt: skip
 
 

@@ -70,7 +70,9 @@ ROW_HEADROOM = tl.constexpr(11)  # E4M3_OVER, the first of HEADROOM fields in a 
 ROW_WIDTH = tl.constexpr(19)
 
 
-@triton.jit
+# Sizes are not specialised on their values: a size of 1 would become a constant (which has no
+# ``.to``), and each tensor size's residue mod 16 another compile at the first recorded step.
+@triton.jit(do_not_specialize=["numel"])
 def partials_kernel(
     src,  # the tensor, or the group's first tensor
     numel,  # its number of elements (one tensor)
@@ -113,8 +115,6 @@ def partials_kernel(
     poss = tl.zeros((), tl.int64)
     hist = tl.zeros((SLOTS_POW2,), tl.int32)
     headroom = tl.zeros((HEADROOM,), tl.int64)
-    low_bits = tl.load(ranges + tl.arange(0, HEADROOM))
-    high_bits = tl.load(ranges + HEADROOM + tl.arange(0, HEADROOM))
     lanes = tl.arange(0, BLOCK)
     for start in tl.range(local.to(tl.int64) * BLOCK, n, own.to(tl.int64) * BLOCK):
         index = start + lanes
@@ -135,7 +135,7 @@ def partials_kernel(
             poss += tl.sum((inside & (x > 0)).to(tl.int32), 0)
             low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 0).to(tl.float64))
             high = tl.maximum(high, tl.max(tl.where(finite, x, float("-inf")), 0).to(tl.float64))
-            headroom += headroom_counts(x, inside, low_bits, high_bits, KIND)
+            headroom += headroom_counts(x, inside, ranges, KIND)
 
             # The block's count, mean and M2 in float64, from deviations from its own mean.
             value = tl.where(finite, x.to(tl.float64), 0.0)
@@ -188,7 +188,7 @@ def partials_kernel(
         tl.store(hists + pid.to(tl.int64) * SLOTS_POW2 + tl.arange(0, SLOTS_POW2), hist)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel", "programs", "row_width", "slots"])
 def finish_kernel(
     numel,  # one tensor's numel
     programs,  # one tensor's programs

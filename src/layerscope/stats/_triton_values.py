@@ -78,20 +78,30 @@ def linear_slots(x, linear, BINS: tl.constexpr):
 
 @triton.jit
 def magnitude_bits(x, KIND: tl.constexpr):
-    """The bits of each value with the sign cleared, as int64: they order as ``|x|`` does."""
+    """The bits of each value with the sign cleared: they order as ``|x|`` does.
+
+    int64 for float64, int32 for the rest (read as float32, whose bits fit).
+    """
     if KIND == FLOAT64:
         return x.to(tl.int64, bitcast=True) & 0x7FFFFFFFFFFFFFFF
     else:
-        return (x.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
+        return x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
 
 @triton.jit
-def headroom_counts(x, inside, low, high, KIND: tl.constexpr):
+def headroom_counts(x, inside, ranges, KIND: tl.constexpr):
     """Per counted field of the formats: the values whose magnitude bits lie in [low, high).
 
-    ``low`` and ``high`` are ``(HEADROOM,)``, from ``_formats.magnitude_ranges``; compared as
-    integers, so that no flush-to-zero mode changes a count.
+    ``ranges`` points at the ``(2, HEADROOM)`` bounds of ``_formats.magnitude_ranges``;
+    compared as integers, so that no flush-to-zero mode changes a count. One field at a time:
+    a (block, fields) comparison at once held about twice the registers.
     """
-    magnitude = magnitude_bits(x, KIND)[:, None]
-    counted = inside[:, None] & (magnitude >= low[None, :]) & (magnitude < high[None, :])
-    return tl.sum(counted.to(tl.int32), 0)
+    magnitude = magnitude_bits(x, KIND)
+    fields = tl.arange(0, HEADROOM)
+    counts = tl.zeros((HEADROOM,), tl.int32)
+    for field in tl.static_range(HEADROOM):
+        low = tl.load(ranges + field).to(magnitude.dtype)  # float32's bounds fit int32
+        high = tl.load(ranges + HEADROOM + field).to(magnitude.dtype)
+        counted = tl.sum((inside & (magnitude >= low) & (magnitude < high)).to(tl.int32), 0)
+        counts += tl.where(fields == field, counted, 0)
+    return counts

@@ -1,0 +1,85 @@
+"""The GPU kernels compiled for the H100 and H200 (sm_90) ahead of time, with no GPU at hand.
+
+Triton's interpreter runs the kernels' arithmetic but not Triton's compiler: how the JIT
+specialises arguments (a size of 1 becomes a constant), what compiles and what a variant
+costs in registers are the compiler's. ``benchmarks/gpu_kernels.py`` makes every launch the
+GPU path makes through Triton's own JIT against a driver that names sm_90 and launches
+nothing, and reads each compiled variant's cubin and PTX; this runs it once per session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from layerscope.stats import _triton  # noqa: E402
+
+pytestmark = pytest.mark.slow
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "gpu_kernels.py"
+DEFAULT_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    if not (tools / "ptxas").exists() or not (tools / "cuobjdump").exists():
+        pytest.skip("this triton wheel carries no ptxas and cuobjdump")
+    out = tmp_path_factory.mktemp("kernels") / "kernels.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(out.parent / "cache")  # compiled here, not found in a cache
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--arch", "90", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    if not out.exists():
+        pytest.fail(f"gpu_kernels.py wrote nothing:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+    record: dict[str, Any] = json.loads(out.read_text())
+    return record
+
+
+def test_every_launch_compiles_tensors_of_one_element_included(compiled):
+    # A size of 1 is a constant to Triton's JIT unless the kernel says otherwise; the
+    # interpreter never shows it.
+    assert compiled["failures"] == []
+    whats = {what for v in compiled["variants"] for what in v["what"].split("; ")}
+    for dtype in (*DEFAULT_DTYPES, "float64", "bool", "int64", "uint8"):
+        assert f"{dtype}, none" in whats
+        assert f"{dtype} group, none" in whats
+    kernels = {v["kernel"] for v in compiled["variants"]}
+    assert kernels == {"partials_kernel", "finish_kernel", "extremes_kernel",
+                       "extremes_finish_kernel"}  # fmt: skip
+
+
+def test_no_variant_spills_or_fuses_or_adds_atomically_to_global_memory(compiled):
+    for v in compiled["variants"]:
+        assert not v["spills"], v
+        # Fused multiply-adds round once where the CPU kernels round twice: a value on a
+        # linear bin's edge would change bins between devices.
+        assert v["fused_multiply_adds"] == 0, v
+        assert v["global_atomics"] == 0, v  # each program's histogram is its own
+
+
+def test_a_tensors_programs_fit_on_the_multiprocessors_at_once(compiled):
+    # The grid of one tensor is PROGRAMS_PER_SM programs per multiprocessor at most: the
+    # default histogram's variants hold that many at once, so one wave reads the tensor.
+    assert compiled["programs_per_sm"] == _triton.PROGRAMS_PER_SM
+    checked = 0
+    for v in compiled["variants"]:
+        whats = v["what"].split("; ")
+        default = all(w.split(" ")[0].rstrip(",") in DEFAULT_DTYPES and
+                      w.endswith(("log2", "none")) for w in whats)  # fmt: skip
+        if v["kernel"] != "partials_kernel" or default:
+            assert v["resident_per_processor"] >= _triton.PROGRAMS_PER_SM, v
+            checked += 1
+    assert checked >= 20
