@@ -78,17 +78,32 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         yield counted
 
 
+class _Positive(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x > 0  # a boolean activation
+
+
+class _Float8(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.detach().to(torch.float8_e4m3fn)  # an fp8 activation (no gradient)
+
+
 class _Model(nn.Module):
-    """Token ids (int64) in, an embedding, a float32 MLP and a bfloat16 head."""
+    """Token ids (int64) in; float32, float16 and bfloat16 layers; a boolean and an fp8 output."""
 
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(50, 8)
         self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+        self.narrow = nn.Linear(8, 8).to(torch.float16)
+        self.positive = _Positive()
+        self.codes = _Float8()
         self.head = nn.Linear(8, 4).to(torch.bfloat16)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.mlp(self.embed(ids)).to(torch.bfloat16)).float()
+        x = self.narrow(self.mlp(self.embed(ids)).to(torch.float16)).float()
+        x = x * self.positive(x) + self.codes(x + 1).float()  # each input read once
+        return self.head(x.to(torch.bfloat16)).float()
 
 
 def _train(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor) -> None:
@@ -110,16 +125,20 @@ def _twins():  # type: ignore[no-untyped-def]
     model = _Model()
     plain = copy.deepcopy(model)
     ids = torch.randint(0, 50, (4, 6))
-    optimizers = torch.optim.AdamW(model.parameters()), torch.optim.AdamW(plain.parameters())
+    # eps that float16 holds: AdamW's 1e-8 is 0 there, and the float16 layer's update Inf
+    optimizers = tuple(torch.optim.AdamW(m.parameters(), eps=1e-3) for m in (model, plain))
     return model, plain, ids, optimizers
 
 
-def test_each_recorded_tensor_costs_two_launches_and_parameters_two_per_group(launches):
+@pytest.mark.parametrize("histogram", ["log2", ("linear", -2.0, 2.0, 20), None])
+def test_each_recorded_tensor_costs_two_launches_and_parameters_two_per_group(launches, histogram):
     model, plain, ids, (optimizer, plain_optimizer) = _twins()
     _train(plain, plain_optimizer, ids)
     unwatched = _step_ops(plain, plain_optimizer, ids)
     kinds = ("input", "activation", "grad", "weight", "weight_grad", "update")
-    with layerscope.watch(model, optimizer=optimizer, every=1, capture=kinds) as scope:
+    with layerscope.watch(
+        model, optimizer=optimizer, every=1, capture=kinds, histogram=histogram
+    ) as scope:
         _train(model, optimizer, ids)
         launches.clear()
         watched = _step_ops(model, optimizer, ids)
@@ -128,10 +147,13 @@ def test_each_recorded_tensor_costs_two_launches_and_parameters_two_per_group(la
     rows = frame[frame["step"] == 1]
     per_tensor = rows[rows["kind"].isin(["input", "activation", "grad"])]
     # Inputs that are the previous module's output share its row: count distinct readings.
-    assert "int64" in set(per_tensor["dtype"])  # the token ids: the integer path
+    # Token ids (the integer path), booleans, fp8 and three floating dtypes: two launches each.
+    assert set(per_tensor["dtype"]) == {
+        "int64", "float32", "float16", "bfloat16", "bool", "float8_e4m3fn",
+    }  # fmt: skip
     groups = rows[rows["kind"].isin(["weight", "weight_grad", "update"])]
     group_count = len(groups.groupby(["kind", "dtype"]))
-    assert group_count == 6  # float32 and bfloat16, three kinds
+    assert group_count == 9  # float32, float16 and bfloat16, three kinds
     read_alone = len(per_tensor.drop_duplicates(["module", "kind", "tensor"]))
     shared = _inputs_shared_with_outputs(rows)
     assert len(step_launches) == 2 * (read_alone - shared) + 2 * group_count
@@ -140,11 +162,11 @@ def test_each_recorded_tensor_costs_two_launches_and_parameters_two_per_group(la
     own = watched - unwatched
     launched = {op: n for op, n in own.items() if op not in _FREE}
     assert set(launched) <= _UPDATE_OPS | _FLUSH_OPS | _TABLE_OPS, launched
-    # Two parameter dtypes: each foreach op runs once per list; one payload per flush; the
+    # Three parameter dtypes: each foreach op runs once per list; one payload per flush; the
     # weights' and updates' tables are kept, the new gradients' sent again.
-    assert all(n <= 2 for op, n in launched.items() if op in _UPDATE_OPS), launched
+    assert all(n <= 3 for op, n in launched.items() if op in _UPDATE_OPS), launched
     assert launched.get("cat", 0) == 1
-    assert launched.get("lift_fresh", 0) <= 2
+    assert launched.get("lift_fresh", 0) <= 3
     for never in ("_local_scalar_dense", "item", "nonzero", "_to_copy", "copy_"):
         assert never not in own, never  # no read back, no copy of a row from a host list
 
@@ -183,9 +205,9 @@ def test_a_step_of_the_gradients_sentinel_costs_two_launches_per_dtype(launches)
     frame = scope.frame()
     sentinel = frame[frame["sentinel"] & (frame["step"] == 2)]
     assert set(sentinel["kind"]) == {"weight_grad"}
-    assert set(sentinel["dtype"]) == {"float32", "bfloat16"}
-    # Two dtypes, two launches each, whatever the number of parameters: no module hook ran.
-    assert len(step_launches) == 4
+    assert set(sentinel["dtype"]) == {"float32", "float16", "bfloat16"}
+    # Three dtypes, two launches each, whatever the number of parameters: no module hook ran.
+    assert len(step_launches) == 6
     assert len(sentinel) == len(list(model.parameters()))
     own = watched - unwatched
     launched = {op: n for op, n in own.items() if op not in _FREE}
