@@ -6,7 +6,9 @@ so the difference is layerscope's own: two Triton launches per activation and gr
 per dtype group of each parameter kind, the update's three foreach ops, one concatenation per
 flush, and nothing that reads a value back. A group whose tensors moved since its last read
 (gradients that ``zero_grad()`` freed) sends its table of offsets anew: built on the host
-(``lift_fresh`` here), a non-blocking copy from pinned memory on a GPU.
+(``lift_fresh`` here), a non-blocking copy from pinned memory on a GPU. In every configuration
+(every kind, histogram and instrument; either sentinel), the training thread reads no value
+back beyond what the unwatched training reads itself.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import collections
 import copy
 import os
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -212,3 +215,101 @@ def test_a_step_of_the_gradients_sentinel_costs_two_launches_per_dtype(launches)
     own = watched - unwatched
     launched = {op: n for op, n in own.items() if op not in _FREE}
     assert set(launched) <= _TABLE_OPS, launched  # the new gradients' tables, no other op
+
+
+# Ops that read a value back to the host: each one waits for the GPU. (Which way a copy goes
+# does not show on CPU tensors: the tests marked cuda catch a copy that waits.)
+_READ_BACK = {
+    "_local_scalar_dense", "item", "nonzero", "is_nonzero", "masked_select", "_unique2",
+    "unique_dim", "unique_consecutive", "equal", "allclose",
+}  # fmt: skip
+
+
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q, k, v = self.qkv(x).view(batch, length, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(batch, length, 8))
+
+
+class _Transformer(nn.Module):
+    """Token ids, attention, and a batch norm whose buffers hold an int64 counter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 8)
+        self.attention = _Attention()
+        self.norm = nn.BatchNorm1d(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.attention(self.embed(ids))
+        return self.head(self.norm(x.transpose(1, 2)).transpose(1, 2))
+
+
+class _TrainingThreadReads:
+    """Counts values read back on the training thread by calls no dispatch mode sees."""
+
+    NAMES = ("tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+        training = threading.get_ident()
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor, *args, _name=name, _original=original, **kwargs):  # type: ignore[no-untyped-def]
+                if threading.get_ident() == training:
+                    self.calls[_name] += 1
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+CONFIGURATIONS = {
+    "every kind and instrument": {
+        "every": 1, "capture": EVERY_KIND, "histogram": ("linear", -1.0, 1.0, 8),
+        "tensors": ["attention.qkv"], "attention": True, "noise_scale": True,
+    },
+    "per-layer sentinel": {"every": layerscope.Schedule(every=2, sentinel=True)},
+    "gradients' sentinel": {"every": layerscope.Schedule(every=2, sentinel="gradients")},
+}  # fmt: skip
+
+
+def _read_backs(model, monkeypatch, watching=None):  # type: ignore[no-untyped-def]
+    """Values read back on the training thread over 3 steps of 2 micro-batches each."""
+    optimizer = torch.optim.AdamW(model.parameters())
+    ids = torch.randint(0, 50, (4, 6), generator=torch.Generator().manual_seed(0))
+    scope = None if watching is None else layerscope.watch(model, optimizer=optimizer, **watching)
+    with monkeypatch.context() as patched, _CountOps() as counter:
+        reads = _TrainingThreadReads(patched)
+        for _ in range(3):
+            for half in ids.chunk(2):
+                model(half).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    ops = collections.Counter({op: n for op, n in counter.ops.items() if op in _READ_BACK})
+    return ops + reads.calls, scope
+
+
+@pytest.mark.parametrize("options", CONFIGURATIONS.values(), ids=CONFIGURATIONS.keys())
+def test_no_configuration_reads_a_value_back_on_the_training_thread(
+    launches, monkeypatch, tmp_path, options
+):
+    torch.manual_seed(0)
+    model = _Transformer()
+    unwatched, _ = _read_backs(copy.deepcopy(model), monkeypatch)
+    watched, scope = _read_backs(model, monkeypatch, {"run": tmp_path / "run", **options})
+    assert scope is not None
+    scope.close()
+    # The same reads as the unwatched training's own (its optimizer's step counter on a CPU).
+    assert watched == unwatched
+    assert scope.failures == 0
+    assert launches  # the GPU path read the tensors
+    assert set(scope.frame()["step"]) == {0, 1, 2}
