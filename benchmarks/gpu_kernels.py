@@ -49,7 +49,7 @@ FLOATS = (
 )  # fmt: skip
 INTEGERS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 HISTOGRAMS = {"log2": Log2Histogram(), "linear 64": LinearHistogram(-4.0, 4.0, 64), "none": None}
-SIZES = (1, 1000, 4099, 1_000_000)  # one element, one block, odd, many blocks
+SIZES = (1, 4096, 4099, 1_000_000)  # one element, 16 | numel, odd, many blocks
 # Multiprocessors of the GPU the grid is sized for (an H100 SXM's; the H200 has as many).
 PROCESSORS = 132
 
@@ -138,7 +138,8 @@ def _launches() -> Iterator[tuple[str, Callable[[], None]]]:
             slots = 0 if histogram is None else histogram.slots
             rows = torch.empty(len(SIZES), WIDTH + slots, dtype=torch.float64)
             for index, x in enumerate(tensors()):
-                yield f"{short}, {label}", partial(_triton.partials_into, x, histogram, rows, index)
+                what = f"{short}, {label}{_size_class(x.numel())}"
+                yield what, partial(_triton.partials_into, x, histogram, rows, index)
             if label == "log2":  # a view that starts off its allocation's alignment
                 unaligned = tensors()[-1][1:]
                 yield (
@@ -150,6 +151,11 @@ def _launches() -> Iterator[tuple[str, Callable[[], None]]]:
         if dtype.is_floating_point:
             pairs = torch.empty(len(SIZES), 2, dtype=torch.float64)
             yield f"{short} group", partial(_triton.group_extremes_into, tensors(), pairs)
+
+
+def _size_class(numel: int) -> str:
+    """How Triton's JIT tells sizes apart: 1 (a constant), a multiple of 16, or another."""
+    return ", one element" if numel == 1 else ("" if numel % 16 == 0 else ", odd size")
 
 
 def compile_all(arch: int) -> tuple[list[Variant], list[str]]:
@@ -232,6 +238,21 @@ def resident(registers: int, warps: int, shared: int, limits: Limits) -> int:
     return min(by_registers, by_shared, limits.warps // warps, limits.blocks)
 
 
+def _summary(what: str) -> str:
+    """The launches of a variant, short where many dtypes share it: what they have in common."""
+    whats = what.split("; ")
+    if len(whats) <= 3:
+        return what
+    common = sorted({_without_dtype(w) for w in whats})
+    return f"{len(whats)} launches, any dtype: {'; '.join(common)}"
+
+
+def _without_dtype(what: str) -> str:
+    """``"bfloat16 group, log2"``: ``"group, log2"``."""
+    dtype, *rest = what.split(", ")
+    return ", ".join((["group"] if dtype.endswith(" group") else []) + rest) or "extremes"
+
+
 def table(variants: list[Variant]) -> str:
     """One line per kernel and what it reads; variants alike but for their arguments'
     alignment (which Triton compiles apart) share a line."""
@@ -242,7 +263,7 @@ def table(variants: list[Variant]) -> str:
     ]
     for v in variants:
         line = (
-            f"| `{v.kernel}` | {v.what} | {v.registers} | "
+            f"| `{v.kernel}` | {_summary(v.what)} | {v.registers} | "
             f"{'yes' if v.spills else 'none'} | {v.shared_bytes} B | {v.warps} | "
             f"{v.resident_per_processor} | {v.fused_multiply_adds} | {v.global_atomics} |"
         )

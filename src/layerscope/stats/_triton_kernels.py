@@ -70,9 +70,11 @@ ROW_HEADROOM = tl.constexpr(11)  # E4M3_OVER, the first of HEADROOM fields in a 
 ROW_WIDTH = tl.constexpr(19)
 
 
-# Sizes are not specialised on their values: a size of 1 would become a constant (which has no
-# ``.to``), and each tensor size's residue mod 16 another compile at the first recorded step.
-@triton.jit(do_not_specialize=["numel"])
+# Triton specialises integer arguments on their values: a size divisible by 16 lets a program
+# load 16 bytes at once, and a size of 1 becomes a constant, which has no ``.to``. The
+# partials take the first and never call a method on ``numel``; finish_kernel's sizes are
+# never specialised (no load depends on them, and each variant is another compile).
+@triton.jit
 def partials_kernel(
     src,  # the tensor, or the group's first tensor
     numel,  # its number of elements (one tensor)
