@@ -49,7 +49,7 @@ FLOATS = (
 )  # fmt: skip
 INTEGERS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 HISTOGRAMS = {"log2": Log2Histogram(), "linear 64": LinearHistogram(-4.0, 4.0, 64), "none": None}
-SIZES = (1, 4096, 4099, 1_000_000)  # one element, 16 | numel, odd, many blocks
+SIZES = (1, 1024, 4099, 1_000_000)  # one element, one block, odd, many blocks
 # Multiprocessors of the GPU the grid is sized for (an H100 SXM's; the H200 has as many).
 PROCESSORS = 132
 
@@ -73,6 +73,7 @@ class Variant:
     """One compiled variant of a kernel, and what the launches that use it read."""
 
     kernel: str
+    hash: str  # Triton's: the same in every process that compiles this variant
     what: str
     registers: int
     local_bytes: int
@@ -124,14 +125,17 @@ class _Compiling:
         return compile_only
 
 
-def _launches() -> Iterator[tuple[str, Callable[[], None]]]:
-    """Every launch the GPU path makes: what it reads, and the call that launches it."""
+def _launches(shard: int = 0, shards: int = 1) -> Iterator[tuple[str, Callable[[], None]]]:
+    """Every launch the GPU path makes: what it reads, and the call that launches it.
+
+    ``shard`` of ``shards``: the launches of every ``shards``-th dtype from the ``shard``-th.
+    """
     generator = torch.Generator().manual_seed(0)
 
     def tensors() -> list[torch.Tensor]:
         return [torch.randn(size, generator=generator).to(dtype) for size in SIZES]
 
-    for dtype in FLOATS + INTEGERS:
+    for dtype in (FLOATS + INTEGERS)[shard::shards]:
         short = str(dtype).removeprefix("torch.")
         histograms = HISTOGRAMS if dtype.is_floating_point else {"none": None}
         for label, histogram in histograms.items():
@@ -158,7 +162,7 @@ def _size_class(numel: int) -> str:
     return ", one element" if numel == 1 else ("" if numel % 16 == 0 else ", odd size")
 
 
-def compile_all(arch: int) -> tuple[list[Variant], list[str]]:
+def compile_all(arch: int, shard: int = 0, shards: int = 1) -> tuple[list[Variant], list[str]]:
     """Every variant the launches compile for ``sm_{arch}``, and any launch that failed."""
     import triton
 
@@ -175,7 +179,7 @@ def compile_all(arch: int) -> tuple[list[Variant], list[str]]:
     _triton._state["on_cpu"] = True  # CPU tensors stand for the GPU's: only their layout is read
     _triton._sizes = lambda device: (_triton.BLOCK, _triton.PROGRAMS_PER_SM * PROCESSORS)  # type: ignore[assignment]
     try:
-        for what, launch in _launches():
+        for what, launch in _launches(shard, shards):
             for stand_in in compiling.values():
                 stand_in.what = what
             try:
@@ -200,6 +204,7 @@ def _variant(name: str, compiled: Any, whats: set[str], arch: int) -> Variant:
     shared = max(usage["SHARED"], compiled.metadata.shared)
     return Variant(
         kernel=name,
+        hash=compiled.hash,
         what="; ".join(sorted(whats)),
         registers=usage["REG"],
         local_bytes=usage["LOCAL"],
@@ -277,13 +282,19 @@ def main() -> None:
     parser.add_argument("--arch", type=int, default=90, choices=sorted(LIMITS))
     parser.add_argument("--json", type=Path, help="write the variants here as JSON")
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    parser.add_argument(
+        "--shard", default="0/1", help="K/N: compile the launches of every N-th dtype from the K-th"
+    )
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("gpu_kernels.py compiles the kernels: run it without TRITON_INTERPRET=1")
     import triton
 
     start = time.perf_counter()
-    variants, failures = compile_all(args.arch)
+    shard, shards = (int(part) for part in args.shard.split("/"))
+    if args.write and shards > 1:
+        parser.error("--write needs every launch: leave --shard out")
+    variants, failures = compile_all(args.arch, shard, shards)
     seconds = time.perf_counter() - start
     if args.json:
         record = {
