@@ -19,6 +19,7 @@ It refuses to run under ``TRITON_INTERPRET=1``, where kernels are interpreted, n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -172,7 +173,6 @@ def compile_all(arch: int, shard: int = 0, shards: int = 1) -> tuple[list[Varian
     compiling = {name: _Compiling(name, getattr(_triton_kernels, name), seen) for name in KERNELS}
     failures: list[str] = []
     sizes, on_cpu = _triton._sizes, _triton._state["on_cpu"]
-    active = triton.runtime.driver._active  # None without a GPU: set_active's counterpart fails
     triton.runtime.driver.set_active(_CompileOnlyDriver(arch))
     for name, stand_in in compiling.items():
         setattr(_triton_kernels, name, stand_in)
@@ -192,7 +192,8 @@ def compile_all(arch: int, shard: int = 0, shards: int = 1) -> tuple[list[Varian
             setattr(_triton_kernels, name, stand_in.kernel)
         _triton._sizes = sizes  # type: ignore[method-assign]
         _triton._state["on_cpu"] = on_cpu
-        triton.runtime.driver._active = active
+        with contextlib.suppress(RuntimeError):  # no GPU here: no driver to go back to
+            triton.runtime.driver.reset_active()
     variants = [_variant(name, compiled, whats, arch) for name, compiled, whats in seen.values()]
     return sorted(variants, key=lambda v: (KERNELS.index(v.kernel), v.what)), failures
 

@@ -4,7 +4,7 @@ Triton's interpreter runs the kernels' arithmetic but not Triton's compiler: how
 specialises arguments (a size of 1 becomes a constant), what compiles and what a variant
 costs in registers are the compiler's. ``benchmarks/gpu_kernels.py`` makes every launch the
 GPU path makes through Triton's own JIT against a driver that names sm_90 and launches
-nothing, and reads each compiled variant's cubin and PTX; this runs it once per session.
+nothing, and reads each compiled variant's cubin and PTX; here it runs once, in two processes.
 """
 
 from __future__ import annotations
