@@ -126,8 +126,10 @@ class _Compiling:
         return compile_only
 
 
-def _launches(shard: int = 0, shards: int = 1) -> Iterator[tuple[str, Callable[[], None]]]:
-    """Every launch the GPU path makes: what it reads, and the call that launches it.
+def _launches(
+    dtypes: tuple[torch.dtype, ...], shard: int = 0, shards: int = 1
+) -> Iterator[tuple[str, Callable[[], None]]]:
+    """Every launch the GPU path makes of ``dtypes``: what it reads, and the call that launches it.
 
     ``shard`` of ``shards``: the launches of every ``shards``-th dtype from the ``shard``-th.
     """
@@ -136,7 +138,7 @@ def _launches(shard: int = 0, shards: int = 1) -> Iterator[tuple[str, Callable[[
     def tensors() -> list[torch.Tensor]:
         return [torch.randn(size, generator=generator).to(dtype) for size in SIZES]
 
-    for dtype in (FLOATS + INTEGERS)[shard::shards]:
+    for dtype in dtypes[shard::shards]:
         short = str(dtype).removeprefix("torch.")
         histograms = HISTOGRAMS if dtype.is_floating_point else {"none": None}
         for label, histogram in histograms.items():
@@ -163,7 +165,9 @@ def _size_class(numel: int) -> str:
     return ", one element" if numel == 1 else ("" if numel % 16 == 0 else ", odd size")
 
 
-def compile_all(arch: int, shard: int = 0, shards: int = 1) -> tuple[list[Variant], list[str]]:
+def compile_all(
+    arch: int, dtypes: tuple[torch.dtype, ...] = FLOATS + INTEGERS, shard: int = 0, shards: int = 1
+) -> tuple[list[Variant], list[str]]:
     """Every variant the launches compile for ``sm_{arch}``, and any launch that failed."""
     import triton
 
@@ -179,7 +183,7 @@ def compile_all(arch: int, shard: int = 0, shards: int = 1) -> tuple[list[Varian
     _triton._state["on_cpu"] = True  # CPU tensors stand for the GPU's: only their layout is read
     _triton._sizes = lambda device: (_triton.BLOCK, _triton.PROGRAMS_PER_SM * PROCESSORS)  # type: ignore[assignment]
     try:
-        for what, launch in _launches(shard, shards):
+        for what, launch in _launches(dtypes, shard, shards):
             for stand_in in compiling.values():
                 stand_in.what = what
             try:
@@ -284,6 +288,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the variants here as JSON")
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     parser.add_argument(
+        "--dtypes", help="comma-separated, such as float32,bfloat16 (default: all 12 it reads)"
+    )
+    parser.add_argument(
         "--shard", default="0/1", help="K/N: compile the launches of every N-th dtype from the K-th"
     )
     args = parser.parse_args()
@@ -295,7 +302,12 @@ def main() -> None:
     shard, shards = (int(part) for part in args.shard.split("/"))
     if args.write and shards > 1:
         parser.error("--write needs every launch: leave --shard out")
-    variants, failures = compile_all(args.arch, shard, shards)
+    dtypes = FLOATS + INTEGERS
+    if args.dtypes:
+        dtypes = tuple(getattr(torch, name) for name in args.dtypes.split(","))
+    if args.write and dtypes != FLOATS + INTEGERS:
+        parser.error("--write needs every launch: leave --dtypes out")
+    variants, failures = compile_all(args.arch, dtypes, shard, shards)
     seconds = time.perf_counter() - start
     if args.json:
         record = {
