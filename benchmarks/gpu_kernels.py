@@ -49,7 +49,7 @@ FLOATS = (
     torch.float8_e4m3fn, torch.float8_e5m2,
 )  # fmt: skip
 INTEGERS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-HISTOGRAMS = {"log2": Log2Histogram(), "linear 64": LinearHistogram(-4.0, 4.0, 64), "none": None}
+HISTOGRAMS = {"log2": Log2Histogram(), "linear": LinearHistogram(-4.0, 4.0, 64), "none": None}
 SIZES = (1, 1024, 4099, 1_000_000)  # one element, one block, odd, many blocks
 # Multiprocessors of the GPU the grid is sized for (an H100 SXM's; the H200 has as many).
 PROCESSORS = 132
@@ -127,7 +127,7 @@ class _Compiling:
 
 
 def _launches(
-    dtypes: tuple[torch.dtype, ...], shard: int = 0, shards: int = 1
+    dtypes: tuple[torch.dtype, ...], histograms: tuple[str, ...], shard: int = 0, shards: int = 1
 ) -> Iterator[tuple[str, Callable[[], None]]]:
     """Every launch the GPU path makes of ``dtypes``: what it reads, and the call that launches it.
 
@@ -140,8 +140,8 @@ def _launches(
 
     for dtype in dtypes[shard::shards]:
         short = str(dtype).removeprefix("torch.")
-        histograms = HISTOGRAMS if dtype.is_floating_point else {"none": None}
-        for label, histogram in histograms.items():
+        chosen = {k: v for k, v in HISTOGRAMS.items() if k in histograms}
+        for label, histogram in (chosen if dtype.is_floating_point else {"none": None}).items():
             slots = 0 if histogram is None else histogram.slots
             rows = torch.empty(len(SIZES), WIDTH + slots, dtype=torch.float64)
             for index, x in enumerate(tensors()):
@@ -166,7 +166,11 @@ def _size_class(numel: int) -> str:
 
 
 def compile_all(
-    arch: int, dtypes: tuple[torch.dtype, ...] = FLOATS + INTEGERS, shard: int = 0, shards: int = 1
+    arch: int,
+    dtypes: tuple[torch.dtype, ...] = FLOATS + INTEGERS,
+    histograms: tuple[str, ...] = tuple(HISTOGRAMS),
+    shard: int = 0,
+    shards: int = 1,
 ) -> tuple[list[Variant], list[str]]:
     """Every variant the launches compile for ``sm_{arch}``, and any launch that failed."""
     import triton
@@ -183,7 +187,7 @@ def compile_all(
     _triton._state["on_cpu"] = True  # CPU tensors stand for the GPU's: only their layout is read
     _triton._sizes = lambda device: (_triton.BLOCK, _triton.PROGRAMS_PER_SM * PROCESSORS)  # type: ignore[assignment]
     try:
-        for what, launch in _launches(dtypes, shard, shards):
+        for what, launch in _launches(dtypes, histograms, shard, shards):
             for stand_in in compiling.values():
                 stand_in.what = what
             try:
@@ -291,6 +295,9 @@ def main() -> None:
         "--dtypes", help="comma-separated, such as float32,bfloat16 (default: all 12 it reads)"
     )
     parser.add_argument(
+        "--histograms", default="log2,linear,none", help="of log2, linear (64 bins) and none"
+    )
+    parser.add_argument(
         "--shard", default="0/1", help="K/N: compile the launches of every N-th dtype from the K-th"
     )
     args = parser.parse_args()
@@ -305,9 +312,10 @@ def main() -> None:
     dtypes = FLOATS + INTEGERS
     if args.dtypes:
         dtypes = tuple(getattr(torch, name) for name in args.dtypes.split(","))
-    if args.write and dtypes != FLOATS + INTEGERS:
-        parser.error("--write needs every launch: leave --dtypes out")
-    variants, failures = compile_all(args.arch, dtypes, shard, shards)
+    histograms = tuple(args.histograms.split(","))
+    if args.write and (dtypes != FLOATS + INTEGERS or set(histograms) != set(HISTOGRAMS)):
+        parser.error("--write needs every launch: leave --dtypes and --histograms out")
+    variants, failures = compile_all(args.arch, dtypes, histograms, shard, shards)
     seconds = time.perf_counter() - start
     if args.json:
         record = {
@@ -328,8 +336,8 @@ def main() -> None:
             f"Triton {triton.__version__}, compiled for sm_{args.arch} on a machine without a "
             f"GPU (`{report.command('gpu_kernels.py')}`): every variant that the GPU path's "
             "launches compile, for float32, bf16, fp16, float64, fp8 and integer tensors, the "
-            "log2, a linear and no histogram, one tensor and a group. `resident per SM` is "
-            "the programs one multiprocessor holds at once by the occupancy arithmetic of its "
+            "log2, a linear (64 bins) and no histogram, one tensor and a group. `resident per SM` "
+            "is the programs one multiprocessor holds at once by the occupancy arithmetic of its "
             f"registers, warps and shared memory; a tensor takes at most "
             f"{_triton.PROGRAMS_PER_SM} per multiprocessor, so one wave reads it. FMA: fused "
             "multiply-adds in the PTX (none: each operation rounds as on the CPU).\n\n" + text

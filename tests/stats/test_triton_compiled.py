@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "gpu_kernels.py"
 DEFAULT_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 # One dtype of each way the kernels read one (float16 loads as float32 does, and the integers
-# as int64 do, but for their width): the benchmark's own run compiles all 12.
+# as int64 do, but for their width), with the log2 and the linear histogram: the benchmark's
+# own run compiles all 12 dtypes and the floats without a histogram too.
 DTYPES = ("float32", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "bool", "int64")
 
 
@@ -41,6 +42,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env["TRITON_CACHE_DIR"] = str(folder / "cache")  # compiled here, not found in a cache
     shards = [folder / f"shard{k}.json" for k in range(2)]
     command = [sys.executable, str(SCRIPT), "--arch", "90", "--dtypes", ",".join(DTYPES)]
+    command += ["--histograms", "log2,linear"]  # integers take none; floats' none is log2's less
     processes = [
         subprocess.Popen(
             [*command, "--shard", f"{k}/2", "--json", str(out)],
@@ -76,8 +78,9 @@ def test_every_launch_compiles_tensors_of_one_element_included(compiled):
     assert compiled["failures"] == []
     whats = {what for v in compiled["variants"] for what in v["what"].split("; ")}
     for dtype in DTYPES:
-        assert f"{dtype}, none" in whats
-        assert f"{dtype} group, none" in whats
+        histogram = "none" if dtype in ("bool", "int64") else "log2"
+        assert f"{dtype}, {histogram}, one element" in whats
+        assert f"{dtype} group, {histogram}" in whats
     kernels = {v["kernel"] for v in compiled["variants"]}
     assert kernels == {"partials_kernel", "finish_kernel", "extremes_kernel",
                        "extremes_finish_kernel"}  # fmt: skip
