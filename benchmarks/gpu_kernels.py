@@ -66,7 +66,7 @@ class Limits:
     reserved: int = 1024  # shared bytes the system keeps per block
 
 
-LIMITS = {90: Limits(), 80: Limits(warps=64, blocks=32, shared=164 * 1024)}
+LIMITS = {90: Limits(), 80: Limits(shared=164 * 1024)}
 
 
 @dataclass
@@ -112,16 +112,18 @@ class _CompileOnlyDriver:
 
 
 class _Compiling:
-    """Stands in for a kernel: compiles the variant a launch would run, and notes it."""
+    """Stands in for a kernel: compiles the variant a launch would run, and notes it under
+    the launch that ``now[0]`` names."""
 
-    def __init__(self, name: str, kernel: Any, seen: dict[str, tuple[str, Any]]) -> None:
-        self.name, self.kernel, self.seen = name, kernel, seen
-        self.what = ""
+    def __init__(
+        self, name: str, kernel: Any, seen: dict[str, tuple[str, Any, set[str]]], now: list[str]
+    ) -> None:
+        self.name, self.kernel, self.seen, self.now = name, kernel, seen, now
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
         def compile_only(*args: Any, **kwargs: Any) -> None:
             compiled = self.kernel.warmup(*args, grid=grid, **kwargs)
-            self.seen.setdefault(compiled.hash, (self.name, compiled, set()))[2].add(self.what)
+            self.seen.setdefault(compiled.hash, (self.name, compiled, set()))[2].add(self.now[0])
 
         return compile_only
 
@@ -178,7 +180,10 @@ def compile_all(
     from layerscope.stats import _triton_kernels
 
     seen: dict[str, tuple[str, Any, set[str]]] = {}
-    compiling = {name: _Compiling(name, getattr(_triton_kernels, name), seen) for name in KERNELS}
+    now = [""]  # the launch being made
+    compiling = {
+        name: _Compiling(name, getattr(_triton_kernels, name), seen, now) for name in KERNELS
+    }
     failures: list[str] = []
     sizes, on_cpu = _triton._sizes, _triton._state["on_cpu"]
     triton.runtime.driver.set_active(_CompileOnlyDriver(arch))
@@ -188,8 +193,7 @@ def compile_all(
     _triton._sizes = lambda device: (_triton.BLOCK, _triton.PROGRAMS_PER_SM * PROCESSORS)  # type: ignore[assignment]
     try:
         for what, launch in _launches(dtypes, histograms, shard, shards):
-            for stand_in in compiling.values():
-                stand_in.what = what
+            now[0] = what
             try:
                 launch()
             except Exception as error:  # a variant that does not compile: say which
