@@ -30,6 +30,7 @@ ROOT_MODULES = {
     "layerscope._errors",
     "layerscope._imports",
     "layerscope._lazy",
+    "layerscope._limits",
     "layerscope._schedule",
     "layerscope._version",
     "layerscope._watch",

@@ -247,9 +247,9 @@ def test_a_failing_flush_drops_that_step_with_a_warning_and_training_goes_on(mon
 
     def fails_once(self):
         calls.append(1)
-        # Each step takes its rows at its optimizer step, then its loss right after: the
-        # third take is step 1's rows.
-        if len(calls) == 3:
+        # Each step takes its rows once, with its loss, given after its optimizer step: the
+        # second take is step 1's.
+        if len(calls) == 2:
             raise RuntimeError("pinned memory ran out")
         return take(self)
 
@@ -293,6 +293,43 @@ def test_a_module_returning_its_parameter_leaves_no_hook_on_it():
     # read once a step, where it accumulates; no output gradient of its own
     assert table[table.kind == "weight_grad"].numel.tolist() == [32, 32, 32]
     assert set(table.kind) == {"activation", "weight", "weight_grad"}
+
+
+class _ShapeOnly(nn.Module):
+    """Returns a tensor on the meta device: a shape, no values."""
+
+    def forward(self, x):
+        return torch.empty_like(x, device="meta")
+
+
+class _WithMetaOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shape, self.net = _ShapeOnly(), nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+
+    def forward(self, x):
+        self.shape(x)
+        return self.net(x)
+
+
+def _train_two_steps(model, every):
+    with layerscope.watch(model, every=every) as scope:
+        for step in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+            scope.step(loss=float(step))
+    return scope
+
+
+@pytest.mark.parametrize("every", [1, layerscope.Schedule(every=2, sentinel=True)],
+                         ids=["recorded", "sentinel"])  # fmt: skip
+def test_a_meta_tensor_is_skipped_with_a_warning_and_the_others_recorded(every):
+    with pytest.warns(LayerscopeWarning, match="'out' of 'shape'.*meta device"):
+        scope = _train_two_steps(_WithMetaOutput(), every)
+    frame = scope.frame()
+    assert set(frame.module) == {"net.0", "net.1"}
+    assert sorted(set(frame.step)) == [0, 1]  # step 1: recorded, or the sentinel's rows
+    assert scope.frame("scalars").step.tolist() == [0, 1]
+    assert scope.failures == 2  # the meta tensor, once a step
 
 
 def test_a_numpy_scalar_is_a_scalar():

@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from layerscope._limits import MAX_COUNT, MAX_STEP, Bound, check_within
 from layerscope._schedule import Schedule, parse_every
 from layerscope.health import AlertsConfig, parse_alerts
 from layerscope.model import Kind, Selection, check_types, parse_capture, parse_rules
@@ -144,15 +145,21 @@ def parse_noise_scale(noise_scale: object) -> bool | int:
         )
     if noise_scale < 1:
         raise ValueError(f"noise_scale: expected a micro-batch size >= 1, got {noise_scale}")
+    check_within(noise_scale, "noise_scale", Bound(1, MAX_COUNT))
     return noise_scale
 
 
 def parse_start_step(start_step: object) -> int:
-    """An int ``>= 0``, or a TypeError or ValueError naming ``start_step``."""
+    """An int from 0 to ``MAX_STEP``, or a TypeError or ValueError naming ``start_step``.
+
+    The bound keeps every step of the run exact in float64 (``run.json``, pandas) and within
+    int64, however long it trains.
+    """
     if isinstance(start_step, bool) or not isinstance(start_step, int):
         raise TypeError(f"start_step: expected an int >= 0, got {type(start_step).__name__}")
     if start_step < 0:
         raise ValueError(f"start_step: expected an int >= 0, got {start_step}")
+    check_within(start_step, "start_step", Bound(0, MAX_STEP))
     return start_step
 
 

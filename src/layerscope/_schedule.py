@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from layerscope._limits import MAX_STEP, Bound, check_within
+
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
@@ -77,6 +79,11 @@ class Schedule:
             raise TypeError(f"Schedule: stop must be None or an int, got {stop!r}")
         if stop is not None and stop < self.start:
             raise ValueError(f"Schedule: stop must be >= start, got {self.stop!r}")
+        # A step number stays exact in float64 and within int64 for the run's lifetime.
+        for name in ("every", "start", "dense", "stop"):
+            value = getattr(self, name)
+            if value is not None:
+                check_within(value, f"Schedule: {name}", Bound(0, MAX_STEP))
 
     def records(self, step: int) -> bool:
         """Whether ``step`` gets full statistics."""
@@ -129,5 +136,6 @@ def parse_every(every: object) -> Schedule:
     if isinstance(every, int) and not isinstance(every, bool):
         if every <= 0:
             raise ValueError(f"every: expected an int >= 1 or a Schedule, got {every}")
+        check_within(every, "every", Bound(1, MAX_STEP))
         return Schedule(every=every)
     raise TypeError(f"every: expected an int >= 1, a Schedule or None, got {every!r}")

@@ -55,7 +55,9 @@ def watch(
             the training step, so list first the one that steps last in an iteration.
         run: the run's directory (a path or an fsspec URL such as ``memory://runs/a``), or a
             ``layerscope.store.ParquetStore`` for its flush settings; None keeps the run in
-            memory. An existing run is never overwritten: that raises FileExistsError.
+            memory. An existing run is never overwritten, nor one another process is starting
+            or writing there: that raises FileExistsError. The run's ``run.json`` is written
+            at once, so a directory that cannot be written raises here, before training.
         every: which steps get full statistics: an int N (every N-th step), a ``Schedule``, or
             None for the default ``Schedule(every=100, dense=10)``, with the gradients'
             sentinel between recorded steps where the model is on an accelerator.
@@ -143,7 +145,11 @@ def watch(
 
     Raises:
         TypeError: ``model`` is not a module, or an argument has the wrong type.
-        ValueError: a bad regex, an unknown statistic or kind, ``every <= 0``, ``update``
+        FileExistsError: ``run`` holds a run, or another process is writing one there.
+        OSError: ``run``'s files cannot be written (a full disk, no permission).
+        ValueError: a number past its bound (``layerscope._limits``: steps up to 2**53, at
+            most 4,096 linear histogram bins, each health rule option's range), a bad
+            regex, an unknown statistic or kind, ``every <= 0``, ``update``
             without an optimizer, a selection that matches no module, a module object in
             ``include`` or ``exclude`` that is not the model's, a callable there that
             raised, ``ranks`` not ``"each"`` or ``"merge"``, or ``on_tensor`` without

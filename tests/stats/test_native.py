@@ -29,6 +29,7 @@ from stats_reference import (
     values_of,
 )
 
+from layerscope._limits import MAX_LINEAR_BINS
 from layerscope.stats import (
     Field,
     LinearHistogram,
@@ -410,11 +411,19 @@ def test_linear_edges_on_float32_values_round_as_the_torch_kernel_rounds(isa):
     assert moved > 20  # some edges round away from the value they were made from
 
 
-def test_a_linear_histogram_of_more_bins_than_the_kernel_takes_goes_to_torch():
-    spec = LinearHistogram(0.0, 1.0, _native.MAX_LINEAR_BINS + 1)
+def test_every_linear_histogram_watch_takes_is_one_the_kernel_takes():
+    largest = LinearHistogram(0.0, 1.0, MAX_LINEAR_BINS)
+    assert _native.reads_histogram(largest)
+    assert _partials._native_reads(torch.ones(3), largest)
+
+
+def test_a_linear_histogram_of_more_bins_than_the_kernel_takes_goes_to_torch(monkeypatch):
+    # watch() bounds the bins below the kernel's own limit: lower that limit to reach the path.
+    monkeypatch.setattr(_native, "MAX_LINEAR_BINS", 8)
+    spec = LinearHistogram(0.0, 1.0, 9)
     assert not _native.reads_histogram(spec)
     assert not _partials._native_reads(torch.ones(3), spec)
-    assert _native.reads_histogram(LinearHistogram(0.0, 1.0, _native.MAX_LINEAR_BINS))
+    assert _native.reads_histogram(LinearHistogram(0.0, 1.0, 8))
 
 
 @pytest.mark.parametrize(

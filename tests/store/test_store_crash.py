@@ -88,6 +88,48 @@ def test_a_killed_runs_last_recorded_step_keeps_its_loss(tmp_path):
     assert run.meta["cost_seconds"] > 0
 
 
+KILLED_RIGHT_AFTER_A_FLUSH = textwrap.dedent(
+    """
+    import json, os, signal, sys, time, torch, layerscope
+    from layerscope.store import ParquetStore
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    store = ParquetStore(sys.argv[1], flush_steps=5, flush_seconds=60)
+    scope = layerscope.watch(model, optimizer=optimizer, every=1, run=store)
+    for step in range(12):
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scope.step(loss=float(step))
+    # The writer's second flush (its fifth recorded step is step 9) is on disk: kill now.
+    waited = time.monotonic()
+    while time.monotonic() - waited < 60:
+        try:
+            if json.load(open(sys.argv[1] + "/run.json"))["stats_last_step"] == 9:
+                os.kill(os.getpid(), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    sys.exit("step 9 never reached the disk")
+    """
+)
+
+
+def test_a_run_killed_mid_training_keeps_each_flushed_steps_loss_with_its_rows(tmp_path):
+    """With optimizer=, a step's rows and its loss (given after the optimizer's step) go to
+    the writer together, so every flush ends both tables at the same step."""
+    path = tmp_path / "run"
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_RIGHT_AFTER_A_FLUSH, str(path)], timeout=120
+    )
+    assert child.returncode == -signal.SIGKILL
+    run = layerscope.load(path)
+    assert run.meta["status"] == "crashed"
+    assert run.meta["stats_last_step"] == run.meta["scalars_last_step"] == 9
+    assert run.stats.step.max() == run.scalars.step.max() == 9
+    assert sorted(run.scalars.step) == list(range(10))
+
+
 def test_a_scope_left_open_is_closed_at_exit_and_its_rows_written(tmp_path):
     code = textwrap.dedent(
         """

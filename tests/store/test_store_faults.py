@@ -130,6 +130,33 @@ def test_without_its_reserve_a_full_disk_would_leave_run_json_running(disk, monk
     assert meta["dropped_rows"] == meta["failures"] == 0
 
 
+def test_a_disk_full_when_watch_starts_is_said_by_watch_and_leaves_nothing(disk):
+    SmallDisk.capacity = 0
+    with pytest.raises(OSError, match=r"^run: cannot write the run's files in smalldisk://runs/no"):
+        layerscope.watch(tiny_model(), run="smalldisk://runs/none")
+    assert not disk.exists("runs/none")
+
+
+def _train_on_a_disk_full_once_watched(disk, path, steps):
+    model = tiny_model()
+    with layerscope.watch(model, run=ParquetStore(path, flush_steps=1), alerts=False) as scope:
+        SmallDisk.capacity = disk.used()  # full from the first step on
+        for step in range(steps):
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            scope.step(loss=float(step))
+    return scope
+
+
+def test_a_disk_full_before_the_first_flush_still_leaves_run_json_saying_what_was_lost(disk):
+    with pytest.warns(LayerscopeWarning, match="No space left"):
+        scope = _train_on_a_disk_full_once_watched(disk, "smalldisk://runs/soon", steps=3)
+    meta = _meta(disk, "runs/soon")
+    assert (meta["status"], meta["steps"], meta["written_rows"]) == ("finished", 3, 0)
+    assert meta["dropped_rows"] == meta["recorded_rows"] > 0
+    assert (meta["written_scalars"], meta["dropped_scalars"]) == (0, 3)
+    assert meta["failures"] == scope.failures > 0
+
+
 def test_rows_come_back_once_space_frees_up_and_the_counts_stay_right(disk):
     seen = {}
 

@@ -135,7 +135,7 @@ def test_the_rank_is_taken_at_the_first_rows_not_when_the_store_starts(tmp_path,
     model = _model()
     with layerscope.watch(model, every=1, run=ParquetStore(root, flush_seconds=0.05)) as scope:
         time.sleep(0.3)  # idle flushes: nothing to write, so the rank is not asked for
-        assert list(root.iterdir()) == []
+        assert json.loads((root / "run.json").read_text())["rank"] == 0  # started as rank 0's
         _as_rank(monkeypatch, 1)  # as init_process_group after watch() makes it known
         model(torch.randn(2, 4)).sum().backward()
         scope.step(loss=1.0)
@@ -285,7 +285,8 @@ CHILD = textwrap.dedent(
     rank, root, rendezvous = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     torch.manual_seed(rank)
     model = torch.nn.Linear(4, 2)
-    # Watched before the process group is up: the rank is not known yet.
+    # Watched before the process group is up: the rank is the environment's, as torchrun's.
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
     scope = layerscope.watch(model, every=1, run=ParquetStore(root, flush_steps=1))
     dist.init_process_group("gloo", init_method="file://" + rendezvous, rank=rank, world_size=2)
     for step in range(3):

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from layerscope._limits import RULE_OPTION_BOUNDS, WHOLE_RULE_OPTIONS, check_within
 from layerscope.health._attention_collapse import AttentionCollapse
 from layerscope.health._dead import Dead
 from layerscope.health._drift import ActivationDrift
@@ -84,12 +85,23 @@ def _all_rules(chosen: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
                 f"{sorted(defaults)}"
             )
         for option, value in given.items():
-            if not isinstance(value, type(defaults[option])) and not (
-                isinstance(value, int | float) and isinstance(defaults[option], int | float)
-            ):
-                raise TypeError(
-                    f"alerts[{name!r}][{option!r}]: expected {type(defaults[option]).__name__}, "
-                    f"got {value!r}"
-                )
+            _check_option(name, option, value, defaults[option])
         rules[name] = {**defaults, **given}
     return rules
+
+
+def _check_option(rule: str, option: str, value: object, default: object) -> None:
+    """A TypeError or ValueError naming ``alerts[rule][option]`` unless ``value`` fits it."""
+    where = f"alerts[{rule!r}][{option!r}]"
+    numeric = isinstance(default, int | float)
+    if isinstance(value, bool) or not (
+        isinstance(value, int | float) if numeric else isinstance(value, type(default))
+    ):
+        raise TypeError(f"{where}: expected {type(default).__name__}, got {value!r}")
+    if not numeric:
+        return
+    assert isinstance(value, int | float)
+    bound = RULE_OPTION_BOUNDS[rule][option]
+    check_within(value, where, bound)
+    if option in WHOLE_RULE_OPTIONS and not float(value).is_integer():
+        raise ValueError(f"{where}: expected a whole number of steps, got {value!r}")

@@ -34,9 +34,15 @@ def local_part(tensor: Tensor, shard: str | None) -> tuple[Tensor, str | None]:
 
 
 def check_strided(tensor: Tensor) -> None:
-    """Sparse and other non-dense layouts have no memory of values to read as it is."""
+    """Sparse and other non-dense layouts have no memory of values to read as it is.
+
+    Nor has a tensor on the meta device: its partials could never be copied to the host, and
+    the flush that tried would lose the rows of every other tensor with them.
+    """
     if tensor.layout is not torch.strided:
         raise TypeError(f"a {tensor.layout} tensor is not read: only dense ones are")
+    if tensor.device.type == "meta":
+        raise TypeError("a tensor on the meta device is not read: it holds no values")
 
 
 def grouped(

@@ -24,12 +24,7 @@ from layerscope.recording._nested import shape_of, values_of
 from layerscope.recording._readings import CustomRef, Readings
 from layerscope.recording._reads import check_strided, grouped, local_part, version_of
 from layerscope.recording._subjects import BatchOutlet, GroupEntry, Owner, Target
-from layerscope.stats import (
-    CustomStat,
-    HistogramSpec,
-    write_group_partials,
-    write_partials,
-)
+from layerscope.stats import CustomStat, HistogramSpec, write_group_partials, write_partials
 
 # A step with many forward passes (long evaluations, much gradient accumulation) flushes when
 # this many readings wait, so that device memory stays bounded; the host merges the pieces.
@@ -74,6 +69,7 @@ class Recorder:
         self.attention: list[AttentionRef] = []
         self.rows_per_flush = ROWS_PER_FLUSH
         self.partial = False  # the current step has flushed part of its readings
+        self.holding = False  # an ended step's readings wait for its scalars (see end_step)
         self.last_flush = time.monotonic()
         # The first steps whose training and evaluation rows may still grow.
         self.open_steps: Callable[[], tuple[int, int]] = lambda: (0, 0)
@@ -101,6 +97,7 @@ class Recorder:
         the shard of a sharded tensor that ``tensor`` was computed from (an update); a DTensor
         is read as its local shard and labelled itself.
         """
+        self.send_held()
         if type(tensor) is not Tensor:  # a parameter, a DTensor, another subclass
             tensor, shard = local_part(tensor, shard)
         values = values_of(tensor)  # a nested tensor's elements, any other tensor itself
@@ -135,6 +132,7 @@ class Recorder:
             self.record(step, entry.target, kind, entry.name, 0, phase, entry.tensor,
                         entry.also_owned_by, entry.shard)  # fmt: skip
 
+        self.send_held()
         groups = grouped(entries, kind, "reading", alone, self._fail)
         for (device, _), members in groups.items():
             try:
@@ -211,6 +209,7 @@ class Recorder:
         NaN and Inf propagate into them, so a non-finite value shows; tensors that are not
         floating point or are empty are skipped.
         """
+        self.send_held()
         shard = None
         if type(tensor) is not Tensor:
             tensor, shard = local_part(tensor, shard)
@@ -238,6 +237,7 @@ class Recorder:
         def alone(entry: GroupEntry) -> None:
             self.record_extremes(step, entry.target, kind, entry.name, 0, phase, entry.tensor)
 
+        self.send_held()
         for (device, _), group in grouped(entries, kind, "watching", alone, self._fail).items():
             # As record_extremes: tensors that are not floating point or are empty are skipped.
             members = [e for e in group if e.tensor.is_floating_point() and e.tensor.numel()]
@@ -299,6 +299,7 @@ class Recorder:
         self, step: int, phase: str, module: str, call: int, keys: int, partials: Tensor
     ) -> None:
         """Keep an attention call's per-head partials (heads x width, on its device)."""
+        self.send_held()
         buffer_id, rows = self._rows_on(partials.device)
         offset, _ = rows.add_values(partials)
         ref = AttentionRef(step, phase, module, call, keys, partials.shape[0], buffer_id, offset)
@@ -306,8 +307,9 @@ class Recorder:
 
     def has_pending(self) -> bool:
         """Whether anything waits, or a step has flushed only part of its readings."""
-        return bool(
-            self.readings or self.extremes or self.scalars or self.attention or self.partial
+        return (
+            bool(self.readings or self.extremes or self.scalars or self.attention or self.partial)
+            or self.holding
         )
 
     def unrecorded_due(self) -> bool:
@@ -318,10 +320,21 @@ class Recorder:
         waited = time.monotonic() - self.last_flush
         return waiting >= UNRECORDED_PER_FLUSH or waited >= UNRECORDED_MAX_WAIT_SECONDS
 
-    def end_step(self, step_records: bool) -> None:
-        """The step ends: send its readings, or scalars and sentinel readings that are due."""
+    def end_step(self, step_records: bool, scalars_follow: bool = False) -> None:
+        """The step ends: send its readings, or scalars and sentinel readings that are due.
+
+        ``scalars_follow``: they wait for the step's scalars, or the next reading, and go
+        with them (``send_held``): one batch, one flush of the writer.
+        """
         pending = self.readings or self.attention or self.partial
         if pending or (step_records and self.has_pending()) or self.unrecorded_due():
+            self.holding = scalars_follow
+            if not scalars_follow:
+                self.flush(final=True)
+
+    def send_held(self) -> None:
+        """Send the readings of a step that ended, with the scalars given since, if they wait."""
+        if self.holding:
             self.flush(final=True)
 
     def send_complete(self, readings_only: bool = False) -> None:
@@ -343,6 +356,7 @@ class Recorder:
         ``final`` ends a step: its rows are complete. ``evaluated`` says that the evaluation
         rows so far are, though the step's training rows may still grow.
         """
+        final = final or self.holding  # an ended step's readings, complete
         try:
             copies = {
                 buffer_id: rows.take()
@@ -364,10 +378,9 @@ class Recorder:
             self.pipeline.count_dropped(len(self.readings) + len(self.extremes), len(self.scalars))
             raise
         finally:  # sent or dropped, they are gone: the next readings start afresh
-            self.readings, self.scalars, self.extremes = Readings(), [], []
-            self.attention = []
+            self.readings, self.scalars, self.extremes, self.attention = Readings(), [], [], []
             self._seen.clear()  # row indices start again in the emptied buffers
-            self.partial = not final
+            self.partial, self.holding = not final, False
             self.last_flush = time.monotonic()
 
     def _custom_stats(

@@ -249,10 +249,10 @@ class Scope(RecordedReads):
             parameters.optimizer_ended = False
             ended = clock.ended
             self._recorder.add_scalars(clock.step if ended is None else ended, scalars)
-            if ended is not None and scalars and clock.records(ended):
-                # The step's rows went at its optimizer step: its loss goes now, with them,
-                # not a step later, so a killed run never keeps a step's rows without it.
-                self._flush_so_far()
+            if self._recorder.holding or (ended is not None and scalars and clock.records(ended)):
+                # The step's rows waited at its optimizer step for its loss: both go now, in
+                # one batch and so one segment, and a killed run keeps neither without the other.
+                self._flush_so_far("flushing a step")
         finally:
             self._meter.seconds += time.perf_counter() - start
 
@@ -275,16 +275,17 @@ class Scope(RecordedReads):
             self._flush_so_far()
             self._pipeline.drain()
 
-    def _flush_so_far(self) -> None:
+    def _flush_so_far(self, doing: str = "flushing") -> None:
         """Send what is complete now: evaluation rows, scalars, the sentinel's readings.
 
         Training rows of the step in progress stay with the writer until the step ends, when
-        they are merged with the rest of the step's.
+        they are merged with the rest of the step's; an ended step's rows that waited for its
+        scalars go whole. ``doing`` names it in a failure's warning.
         """
         try:
             self._recorder.send_complete()
         except Exception as error:
-            self._fail("flushing", error)
+            self._fail(doing, error)
 
     def close(self, status: str = "finished", *, timeout: float | None = None) -> None:
         """Remove every hook and finish recording; what the current step has so far is kept.
@@ -364,7 +365,8 @@ class Scope(RecordedReads):
         if skipped:
             self._recorder.add_scalars(clock.step, {"skipped": 1.0})
         try:
-            self._recorder.end_step(clock.step_records)
+            # With an optimizer, the step's scalars come after its end (see step()).
+            self._recorder.end_step(clock.step_records, scalars_follow=bool(self._optimizers))
         except Exception as error:
             self._fail("flushing a step", error)
         self._layers.step_ended()

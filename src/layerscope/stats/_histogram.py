@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from layerscope._limits import MAX_LINEAR_BINS, Bound, check_within
+
 LOG2_BINS = 256
 LOG2_EXPONENT_BIAS = 127
 
@@ -39,6 +41,7 @@ class LinearHistogram:
             )
         if self.bins < 1:
             raise ValueError(f"histogram: bins must be >= 1, got {self.bins!r}")
+        check_within(self.bins, "histogram: bins", Bound(1, MAX_LINEAR_BINS))  # a row a tensor
         span = self.hi - self.lo
         if not (math.isfinite(span) and span / self.bins > 0 and math.isfinite(self.bins / span)):
             raise ValueError(
@@ -89,9 +92,11 @@ def parse_histogram(histogram: object) -> HistogramSpec | None:
         and len(histogram) == 4
         and histogram[0] == "linear"
         and all(isinstance(v, int | float) and not isinstance(v, bool) for v in histogram[1:])
-        and float(histogram[3]).is_integer()
+        and (isinstance(histogram[3], int) or float(histogram[3]).is_integer())
     ):
         _, lo, hi, bins = histogram
+        if not all(abs(edge) < 2**1024 for edge in (lo, hi)):  # float() of a larger int raises
+            raise ValueError(f"histogram: lo and hi must be finite, got lo={lo!r}, hi={hi!r}")
         return LinearHistogram(float(lo), float(hi), int(bins))
     raise ValueError(
         f"histogram: expected 'log2', ('linear', lo, hi, bins) or None, got {histogram!r}"

@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import threading
 import time
 from typing import Any
 
 from layerscope._imports import require
+from layerscope._limits import MAX_FLUSH_SECONDS, MAX_QUEUE_SIZE, MAX_STEP, Bound, check_within
 from layerscope.model import CallEvent
 from layerscope.sinks import Records, RunInfo, RunSummary
-from layerscope.store._claim import check_free, check_own_directory
-from layerscope.store._files import remove_if_empty, remove_written, write_bytes
-from layerscope.store._layout import MODULES_FILE, SEGMENTED_TABLES, next_segment, rank_directory
-from layerscope.store._rank_files import RankFiles
-from layerscope.store._run_meta import RunFile, opening_meta
-from layerscope.store._temporaries import remove_stale_temporaries
+from layerscope.store._claim import PlaceClaim, check_own_directory
+from layerscope.store._files import remove_if_empty
+from layerscope.store._layout import SEGMENTED_TABLES
+from layerscope.store._places import RankPlaces
+from layerscope.store._run_meta import RunFile
+from layerscope.store.locations import location_filesystem
 
 
-class ParquetStore(RankFiles):
+class ParquetStore(RankPlaces):
     """Writes a run directory that ``layerscope.load`` reads, also while it is being written.
 
     Rows gather in memory and are written as a Parquet segment per table every
@@ -57,10 +56,13 @@ class ParquetStore(RankFiles):
     ``close`` the scope's are added.
 
     Every rank of a distributed job writes into the same directory: rank 0 at its root, rank
-    ``r`` in ``rank-0000r/`` (see ``layerscope.store._layout``). The rank is asked for only
-    when the first rows are written (or at ``close``), so a model watched before
-    ``init_process_group`` still writes where its rank belongs; until then nothing but the
-    directory itself exists. ``run.json`` is rewritten at every flush, also an idle one: its
+    ``r`` in ``rank-0000r/`` (see ``layerscope.store._layout``). ``start`` claims the rank's
+    place and writes its ``run.json`` at once (see ``_places``): a second process starting a
+    run there is refused then, and a place that cannot be written is said then. A process
+    whose rank is not known yet (no process group, no ``RANK`` in the environment) starts as
+    rank 0; if its first rows say otherwise, its files move to its rank's place. So the ranks
+    of a job whose process group starts after ``watch()`` need their rank in the environment
+    (as torchrun sets it). ``run.json`` is rewritten at every flush, also an idle one: its
     ``updated`` time is the heartbeat by which a reader on any host tells a run that died.
 
     Args:
@@ -97,12 +99,13 @@ class ParquetStore(RankFiles):
             raise TypeError(f"run: expected a path or URL, got {type(path).__name__}")
         if not os.fspath(path):
             raise ValueError("run: expected a path or URL, got an empty string")
-        _check_count("flush_steps", flush_steps)
+        _check_count("flush_steps", flush_steps, MAX_STEP)
         if isinstance(flush_seconds, bool) or not isinstance(flush_seconds, int | float):
             raise TypeError(f"flush_seconds: expected a number of seconds, got {flush_seconds!r}")
-        if not 0 < flush_seconds < math.inf:
+        if not flush_seconds > 0:
             raise ValueError(f"flush_seconds: expected seconds > 0, got {flush_seconds!r}")
-        _check_count("queue_size", queue_size)
+        check_within(flush_seconds, "flush_seconds", Bound(0, MAX_FLUSH_SECONDS))
+        _check_count("queue_size", queue_size, MAX_QUEUE_SIZE)
         self.queue_size = queue_size
         self.path = os.fspath(path)
         self.flush_steps = flush_steps
@@ -119,6 +122,8 @@ class ParquetStore(RankFiles):
         self._run_file: RunFile | None = None  # once the rank's files are made
         self._info: RunInfo | None = None
         self._place = ""  # this rank's directory, once its files are made
+        self._claim = PlaceClaim()  # this writer's hold on its place
+        self._settled = False  # whether the place is the rank's, the rank fixed
         self._first_segments: dict[str, int] = {}  # the first segment of each table it wrote
         self._made_root = False  # whether start made the run's directory
         self._discarded = False
@@ -137,32 +142,42 @@ class ParquetStore(RankFiles):
     # ------------------------------------------------------------------ the Sink protocol
 
     def start(self, info: RunInfo) -> None:
-        """Check that no run is where this one goes, and make the run's directory.
+        """Claim the run's place and write its files: ``run.json`` says it runs from now on.
 
-        The rank is not asked for here (a process group may come up later): the place
-        checked is the rank's own if it is known already, the root otherwise. The rank's
-        files are made when its first rows are written; see ``_open``.
+        The place is the rank's own if the rank is known already, the root otherwise (see
+        ``_places``). Whatever fails leaves nothing behind.
 
         Raises:
-            FileExistsError: a run is there already, the path is a file, or a directory
-                holding files that are not a run's.
-            OSError: the directory cannot be made.
+            FileExistsError: a run is there already, another process is writing one there,
+                the path is a file, or a directory holding files that are not a run's.
+            OSError: the directory or the run's files cannot be written (a full disk).
         """
         require("pyarrow", "dataframe")
-        fsspec = require("fsspec", "dataframe")
         # Its own filesystem object: a transaction on fsspec's shared one would hold writes back.
-        self._fs, root = fsspec.core.url_to_fs(self.path, skip_instance_cache=True)
+        self._fs, root = location_filesystem(self.path, fresh=True)
         self._root = root.rstrip("/")
         self._info = info
         known = info.place.peek()
-        place = rank_directory(known[0]) if known is not None else ""
-        check_free(self._fs, self._root, self.path, place)
         check_own_directory(self._fs, self._root, self.path)
         try:
             self._made_root = not self._fs.exists(self._root)
             self._fs.makedirs(self._root, exist_ok=True)
         except OSError as error:  # before training: better said now than dropped later
             raise OSError(f"run: cannot make the run directory {self.path}: {error}") from error
+        try:
+            # Unknown, the rank is taken for rank 0's until rows come (see _settle_rank).
+            rank, world_size = info.place.fix() if known is not None else (0, 1)
+            self._open_place(rank, world_size, reserve=True)
+        except BaseException as error:
+            if self._made_root:
+                remove_if_empty(self._fs, self._root)
+            if isinstance(error, OSError) and not isinstance(error, FileExistsError):
+                # A full disk now would cost every row later: said before training starts.
+                said = OSError(f"run: cannot write the run's files in {self.path}: {error}")
+                said.errno = error.errno
+                raise said from error
+            raise
+        self._settled = known is not None
 
     def discard(self) -> None:
         """Undo ``start`` (and what was written since): for a ``watch()`` that failed after it.
@@ -178,56 +193,9 @@ class ParquetStore(RankFiles):
         self._pending = {table: [] for table in SEGMENTED_TABLES}
         self._pending_last = {}
         self._calls = None
-        if self._place:
-            self._release_reserve()
-            remove_written(self._fs, self._place, self._first_segments)
-            if self._place != self._root:
-                remove_if_empty(self._fs, self._place)
+        self._drop_place()
         if self._made_root:
             remove_if_empty(self._fs, self._root)
-
-    def _open(self) -> None:
-        """Fix the rank and make its files: table directories, ``modules.json``, ``run.json``.
-
-        Temporaries a killed writer left in the place go first; the reserve is made last.
-        Raises ``FileExistsError`` if the rank's place holds a run of another process by now.
-        """
-        info = self._info
-        assert info is not None, "start() first"
-        rank, world_size = info.place.fix()
-        place = rank_directory(rank)
-        check_free(self._fs, self._root, self.path, place)
-        self._place = f"{self._root}/{place}".rstrip("/")
-        try:
-            # No writer of this place lives (it would have its run.json there): what a killed
-            # one was writing is no one's.
-            with contextlib.suppress(OSError):  # they only take space; makedirs says what fails
-                remove_stale_temporaries(self._fs, self._place)
-            for table in SEGMENTED_TABLES:
-                if table == "attention" and not info.config.get("attention"):
-                    self._segments[table] = next_segment([])  # a run without: no folder
-                    continue
-                self._fs.makedirs(self._join(table), exist_ok=True)
-                self._segments[table] = next_segment(self._list(table))
-            self._first_segments = dict(self._segments)
-            self._meta = opening_meta(
-                info,
-                name=self.name,
-                rank=rank,
-                world_size=world_size,
-                heartbeat_seconds=self.flush_seconds,
-            )
-            modules = [module.to_dict() for module in info.modules]
-            payload = json.dumps(modules, indent=1).encode()
-            write_bytes(self._fs, self._join(MODULES_FILE), payload)
-            run_file = RunFile(self._fs, self._place)
-            run_file.write(self._meta)
-        except BaseException:
-            self._place = ""  # the next rows try again
-            raise
-        self._run_file = run_file
-        with contextlib.suppress(OSError):  # no room: the first flush with rows tries again
-            run_file.hold_reserve()
 
     def write(self, records: Records) -> None:
         """Convert the records to Arrow; they are written at the next flush."""
@@ -274,9 +242,10 @@ class ParquetStore(RankFiles):
         flush (an ``OSError`` of a full disk) is raised by the next ``flush``, ``sync`` or
         ``close``, its rows counted as dropped.
 
-        The first flush with rows makes the rank's files. If another process's run is where
-        they go by then, that flush raises ``FileExistsError`` and its rows are dropped.
-        A flush with nothing to write before then does nothing: the rank stays unasked.
+        The first flush with rows fixes the rank, and moves the files to its place if the
+        run started as rank 0's without knowing (see ``_places``). If another process's run
+        is there, that flush raises ``FileExistsError`` and its rows are dropped. A flush
+        with nothing to write before then only renews ``run.json``: the rank stays unasked.
         """
         pyarrow = require("pyarrow", "dataframe")
         if self._discarded:
@@ -291,18 +260,18 @@ class ParquetStore(RankFiles):
         # costs 9 MB of memory).
         last_steps = {table: self._pending_last.pop(table) for table in tables}
         calls, self._calls = self._calls, None
-        if not self._place:
-            if not tables and calls is None:
-                if error is not None:
-                    raise error
-                return
+        if tables or calls is not None:
             try:
-                self._open()
+                self._settle_rank()
             except Exception:
                 for table, data in tables.items():
                     self._count_dropped(table, data.num_rows)
                 self._failures += 1
                 raise
+        if not self._place:  # its rank's place was taken: nothing to renew
+            if error is not None:
+                raise error
+            return
         thread = threading.Thread(
             target=self._write_segments,
             args=(tables, last_steps, calls, self._steps),
@@ -334,9 +303,9 @@ class ParquetStore(RankFiles):
     def close(self, summary: RunSummary) -> None:
         """Write what waits, compact each table into one file and record how the run ended.
 
-        A run that wrote no rows gets its files now: it existed, and ``run.json`` says how it
-        ended. An error of the last flush or of compaction is raised once ``run.json`` says
-        so (it counts it in ``failures``, as the scope will).
+        A run that wrote no rows gets its rank's place now, if it started without knowing its
+        rank; ``run.json`` says how it ended. An error of the last flush or of compaction is
+        raised once ``run.json`` says so (it counts it in ``failures``, as the scope will).
         """
         if self._discarded:
             return
@@ -353,13 +322,13 @@ class ParquetStore(RankFiles):
                 late = self._finish(summary, late)
             finally:
                 self._release_reserve()
+                self._claim.release()  # the run.json it leaves keeps the place
         if late is not None:
             raise late
 
     def _finish(self, summary: RunSummary, late: Exception | None) -> Exception | None:
         """Compact the tables and write the last ``run.json``; the error ``close`` raises."""
-        if not self._place:
-            self._open()  # raises where another run is: nothing of it is touched
+        self._settle_rank()  # raises where another run is: nothing of it is touched
         for table in SEGMENTED_TABLES:
             if not self._fs.exists(self._join(table)):
                 continue  # a table this run does not keep
@@ -393,8 +362,9 @@ class ParquetStore(RankFiles):
         return late
 
 
-def _check_count(name: str, value: object) -> None:
+def _check_count(name: str, value: object, most: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name}: expected an int >= 1, got {value!r}")
     if value < 1:
         raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+    check_within(value, name, Bound(1, most))

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from layerscope._limits import MAX_WORKERS, Bound, check_within
 from layerscope.tensors._records import Record
 from layerscope.tensors._video import Video
 
@@ -85,6 +86,7 @@ def check_workers(workers: object) -> int:
         raise TypeError(f"workers: expected an int >= 1, got {type(workers).__name__}")
     if workers < 1:
         raise ValueError(f"workers: expected an int >= 1, got {workers}")
+    check_within(workers, "workers", Bound(1, MAX_WORKERS))
     return workers
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from layerscope._limits import MAX_COUNT, MAX_STEP, Bound, check_within
 from layerscope.hooks import parse_optimizers
 from layerscope.model import Kind, Selection, check_types, parse_rules
 from layerscope.tensors._event import Event
@@ -67,9 +68,11 @@ class CaptureOptions:
             condition=parse_condition(condition),
             reduction=parse_reduction(reduction),
             stash_value=_callable_or_none(stash_value, "stash_value", "fn(tensor) -> value"),
-            every=_int_at_least(every, "every", 1),
+            every=_int_at_least(every, "every", 1, MAX_STEP),
             device=parse_device(device),
-            max_bytes=None if max_bytes is None else _int_at_least(max_bytes, "max_bytes", 0),
+            max_bytes=(
+                None if max_bytes is None else _int_at_least(max_bytes, "max_bytes", 0, MAX_COUNT)
+            ),
             stash=_callable_or_none(stash, "stash", "fn(event) -> value"),
             optimizers=tuple(parse_optimizers(optimizer)),
         )
@@ -152,9 +155,10 @@ def _callable_or_none(value: object, argument: str, expected: str) -> Any:
     return value
 
 
-def _int_at_least(value: object, argument: str, least: int) -> int:
+def _int_at_least(value: object, argument: str, least: int, most: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{argument}: expected an int >= {least}, got {value!r}")
     if value < least:
         raise ValueError(f"{argument}: expected an int >= {least}, got {value}")
+    check_within(value, argument, Bound(least, most))
     return value

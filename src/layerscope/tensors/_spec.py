@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from layerscope._limits import MAX_PERIOD_SECONDS, MAX_STEP, Bound, check_within
 from layerscope.model import Kind
 from layerscope.tensors._options import CaptureOptions
 
@@ -157,6 +158,8 @@ def parse_tensors(tensors: object) -> TensorsSpec | None:
     every = tensors.get("every")
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise ValueError(f"tensors: every: expected an int >= 1 or None, got {every!r}")
+    if every is not None:
+        check_within(every, "tensors: every", Bound(1, MAX_STEP))
     seconds = tensors.get("every_seconds")
     if seconds is not None and (
         isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0
@@ -164,6 +167,8 @@ def parse_tensors(tensors: object) -> TensorsSpec | None:
         raise ValueError(
             f"tensors: every_seconds: expected a number of seconds >= 0 or None, got {seconds!r}"
         )
+    if seconds is not None:
+        check_within(seconds, "tensors: every_seconds", Bound(0, MAX_PERIOD_SECONDS))
     keep = tensors.get("keep", True)
     if not isinstance(keep, bool):
         raise TypeError(f"tensors: keep: expected True or False, got {keep!r}")
