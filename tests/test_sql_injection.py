@@ -7,6 +7,7 @@ the file must not exist afterwards: a refused field is named, a planted name is 
 """
 
 import json
+import re
 import shutil
 
 import pyarrow as pa
@@ -170,7 +171,8 @@ def test_a_planted_run_json_field_is_refused_by_name(clean_run, tmp_path, field,
     value = payload if form == "text" else [payload]
     if field in CONFIG_FIELDS:
         meta["config"][field] = value
-        named = f"config.{field}"
+        # The deepest field at fault is named: the list's item, where the list is a list.
+        named = f"config.{field}" + ("[0]" if form == "list" else "")
     else:
         meta[field] = value
         named = field
@@ -179,7 +181,7 @@ def test_a_planted_run_json_field_is_refused_by_name(clean_run, tmp_path, field,
         # Kinds are text a reader only shows: accepted, and still never SQL.
         layerscope.load(run_dir)
     else:
-        with pytest.raises(RunFileError, match=f"run.json: {named}: expected"):
+        with pytest.raises(RunFileError, match=f"run.json: {re.escape(named)}: expected"):
             layerscope.load(run_dir)
         status = main(["summary", str(run_dir), "--plain"])
         err = capsys.readouterr().err

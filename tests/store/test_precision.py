@@ -133,6 +133,17 @@ def test_a_run_recorded_without_the_counts_says_so(tmp_path):
         layerscope.precision(tmp_path / "run", "e4m3")
 
 
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "in-memory"])
+def test_a_run_with_no_statistics_yet_has_no_rows(tmp_path, stored):
+    path = tmp_path / "run" if stored else None
+    with layerscope.watch(torch.nn.Sequential(torch.nn.ReLU()), every=1, run=path) as scope:
+        pass  # closed before any step was recorded
+    for fmt in FORMATS:
+        frame = layerscope.precision(path if stored else scope, fmt)
+        assert frame.empty
+        assert list(frame.columns) == list(layerscope.store.PRECISION_COLUMNS)
+
+
 def test_the_counts_are_int64_columns_in_the_store(recorded):
     run = layerscope.load(recorded[0])
     types = run.sql("select * from stats limit 0").dtypes

@@ -2,14 +2,15 @@
 
 A large run is never widened into pandas whole: DuckDB reads the few columns a query names
 from the Parquet files and returns one row per layer, or the rows of one step. Values are
-bound as parameters (``$phase``, ``$rank``); column names come from ``SHOWN_STATS`` only.
+bound as parameters (``$phase``, ``$rank``); column names come from ``SHOWN_STATS`` only,
+quoted by ``quote_identifier``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from layerscope.model import Kind
+from layerscope.model import Kind, quote_identifier
 
 if TYPE_CHECKING:
     import pandas
@@ -63,10 +64,11 @@ def stat_expressions(columns: frozenset[str]) -> str:
     for stat in SHOWN_STATS:
         if stat == "nonfinite":
             counts = [name for name in ("nan_count", "inf_count") if name in columns]
-            value = " + ".join(f"coalesce({name}, 0)" for name in counts) or "null"
+            value = " + ".join(f"coalesce({quote_identifier(name)}, 0)" for name in counts)
+            value = value or "null"
         else:
-            value = stat if stat in columns else "null"
-        expressions.append(f"({value})::double as {stat}")
+            value = quote_identifier(stat) if stat in columns else "null"
+        expressions.append(f"({value})::double as {quote_identifier(stat)}")
     return ", ".join(expressions)
 
 
@@ -104,7 +106,8 @@ def layer_trends(run: Run, phase: str, rank: int) -> pandas.DataFrame:
     """
     columns = stats_columns(run)
     ends = ", ".join(
-        f"arg_min({stat}, step) as {stat}_first, arg_max({stat}, step) as {stat}_last"
+        f"arg_min({quote_identifier(stat)}, step) as {quote_identifier(stat + '_first')}, "
+        f"arg_max({quote_identifier(stat)}, step) as {quote_identifier(stat + '_last')}"
         for stat in SHOWN_STATS
     )
     return run.sql(

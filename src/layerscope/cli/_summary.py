@@ -15,6 +15,7 @@ from layerscope.cli._headroom import headroom_fields
 from layerscope.cli._layer_table import OVERVIEW, layers_table, measures_of
 from layerscope.cli._layers import module_types
 from layerscope.cli._open import open_run
+from layerscope.model import quote_identifier
 
 if TYPE_CHECKING:
     from layerscope.cli._command import Subparsers
@@ -119,7 +120,8 @@ def reach_fields(run: Run) -> list[tuple[str, str]]:
     rank = _queries.lowest_rank(run)
     reached = []
     for table in ("stats", "scalars", "alerts"):
-        frame = run.sql(f"select max(step) as last from {table} where rank = $rank", {"rank": rank})
+        query = f"select max(step) as last from {quote_identifier(table)} where rank = $rank"
+        frame = run.sql(query, {"rank": rank})
         last = frame["last"].iloc[0]
         reached.append(f"{table} none" if pandas.isna(last) else f"{table} to step {int(last)}")
     return [("tables", ", ".join(reached))]

@@ -6,7 +6,9 @@
 - what can be recorded of a module (``Kind``);
 - what a row of statistics is about, interned as small integers (``Identities``), and a
   flush's rows themselves (``StatsRows``), which the writer hands the health rules and sinks;
-- a row of the attention table (``AttentionRow``): one head of one attention call.
+- a row of the attention table (``AttentionRow``): one head of one attention call;
+- a table's or column's name as SQL text (``quote_identifier``), the one way readers put one
+  into a query.
 
 Receives nothing and hands nothing on: the hooks, the writer, the store and the readers all
 take their names from here. Reading a stored run imports this package without torch: the
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from layerscope._lazy import lazy_names
 from layerscope.model._attention import ATTENTION_COLUMNS, AttentionRow
+from layerscope.model._identifiers import quote_identifier
 from layerscope.model._identities import (
     FORM_COLUMNS,
     IDENTITY_COLUMNS,
@@ -78,6 +81,7 @@ __all__ = [
     "module_tree",
     "parse_capture",
     "parse_rules",
+    "quote_identifier",
     "select",
     "selected",
     "unwrap",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from layerscope.model import Kind
+from layerscope.model import Kind, quote_identifier
 
 if TYPE_CHECKING:
     import pandas
@@ -43,16 +43,6 @@ _NOT_STATS = frozenset(("hist", "hist_lo"))
 PICKED_MODULES = (
     "(select unnest($names) as name, generate_subscripts($names, 1) - 1 as layer) picked"
 )
-
-
-def column(name: str) -> str:
-    """``name`` as a quoted SQL identifier; callers pass only names checked by ``check_stat``.
-
-    Examples:
-        >>> print(column('a"b'))
-        "a""b"
-    """
-    return '"' + name.replace('"', '""') + '"'
 
 
 def check_kind(kind: str) -> str:
@@ -133,7 +123,8 @@ def read_rows(
     # Each row's module comes back as its index in ``names``, not as a string: a million
     # Python strings would cost more than the figure's numbers. Rows come unsorted (DuckDB
     # sorting a million rows costs more memory than numpy's stable argsort after).
-    wanted = ", ".join(["step", "picked.layer", *map(column, columns)])
+    # ``columns`` are checked statistics (``check_stat``) or fixed names: quoted, never raw.
+    wanted = ", ".join(["step", "picked.layer", *map(quote_identifier, columns)])
     frame = run.sql(
         f"select {wanted} from stats join {PICKED_MODULES} on stats.module = picked.name"
         " where kind = $kind and tensor = $tensor and phase = $phase"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from layerscope.model import quote_identifier
 from layerscope.stats import format_named
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ PRECISION_COLUMNS = (
     "lost_frac",
     "scale_exp",
 )
+# The dtypes whose rows hold the formats' counts (``float32``, ``bfloat16``, ...).
+_FLOATING = ("float", "bfloat")
 _KEYS = ("step", "phase", "rank", "module", "kind", "tensor", "call", "dtype", "numel")
 
 
@@ -55,7 +58,8 @@ def precision(run: Any, fmt: str) -> pandas.DataFrame:
 
     Returns:
         A DataFrame with columns step, phase, rank, module, kind, tensor, call, dtype, numel,
-        overflow, underflow, overflow_frac, underflow_frac, lost_frac and scale_exp.
+        overflow, underflow, overflow_frac, underflow_frac, lost_frac and scale_exp; with no
+        rows where the run has recorded no floating tensor yet.
 
     Raises:
         ValueError: ``fmt`` is none of the formats, or the run recorded no counts of it
@@ -74,20 +78,21 @@ def precision(run: Any, fmt: str) -> pandas.DataFrame:
         0      4         1          1       -2.0
     """
     chosen = format_named(fmt)
-    frame = _stats_frame(run)
-    columns = (chosen.over, chosen.under, chosen.scale_exp)
-    missing = [name for name in columns if name not in frame]
+    counts = (chosen.over, chosen.under, chosen.scale_exp)
+    frame = _stats_frame(run, counts)
+    missing = [name for name in counts if name not in frame]
     if missing:
         raise ValueError(
             f"run: it holds no {chosen.label} counts (no column {', '.join(missing)}): it was "
             "recorded with a stats= that left them out, or by a layerscope that did not count them"
         )
-    if "sentinel" in frame:
-        frame = frame[~frame["sentinel"].fillna(False).astype(bool)]
-    frame = frame[[str(dtype).startswith(("float", "bfloat")) for dtype in frame["dtype"]]]
-    frame = frame[frame[chosen.over].notna()]
+    # Rows picked by .loc: ``frame[mask]`` reads an empty mask as no columns, not no rows.
+    frame = frame.loc[~frame["sentinel"].astype("boolean").fillna(False).astype(bool)]
+    frame = frame.loc[frame["dtype"].map(lambda dtype: str(dtype).startswith(_FLOATING))]
+    frame = frame.loc[frame[chosen.over].notna()]
     out = frame[list(_KEYS)].copy()
-    numel = frame["numel"].astype("float64").where(frame["numel"] > 0)
+    numel = frame["numel"].astype("float64")
+    numel = numel.where(numel > 0)
     out["overflow"] = frame[chosen.over].astype("int64")
     out["underflow"] = frame[chosen.under].astype("int64")
     out["overflow_frac"] = out["overflow"] / numel
@@ -97,18 +102,27 @@ def precision(run: Any, fmt: str) -> pandas.DataFrame:
     return out.sort_values("step", kind="stable").reset_index(drop=True)
 
 
-def _stats_frame(run: Any) -> pandas.DataFrame:
-    """The stats table of ``run`` without its histograms."""
+def _stats_frame(run: Any, counts: tuple[str, ...]) -> pandas.DataFrame:
+    """``_KEYS``, ``sentinel`` and those of ``counts`` the stats table of ``run`` has.
+
+    Only these names, from the code's own lists, are ever put into SQL: a column a file holds
+    under any other name is not read. A key column the table lacks reads as nulls.
+    """
     if isinstance(run, str | os.PathLike):
         from layerscope.store._reader import load
 
         run = load(run)
+    wanted = (*_KEYS, "sentinel")
     if hasattr(run, "sql"):  # a stored run, or a scope's run in memory
-        names = list(run.sql("select * from stats limit 0").columns)
-        kept = ", ".join(f'"{name}"' for name in names if name not in ("hist", "hist_lo"))
-        frame: pandas.DataFrame = run.sql(f"select {kept} from stats")
+        present = set(run.sql("select * from stats limit 0").columns)
+        selected = [
+            quote_identifier(name) if name in present else f"null as {quote_identifier(name)}"
+            for name in wanted
+        ]
+        selected += [quote_identifier(name) for name in counts if name in present]
+        frame: pandas.DataFrame = run.sql(f"select {', '.join(selected)} from stats")
         return frame
     if callable(getattr(run, "frame", None)):  # a Scope
         frame = run.frame("stats")
-        return frame.drop(columns=[name for name in ("hist",) if name in frame])
+        return frame.reindex(columns=[*wanted, *(name for name in counts if name in frame)])
     raise TypeError(f"run: expected a Run, a Scope or the path of a run, got {run!r}")

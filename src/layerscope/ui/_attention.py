@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from layerscope.model import quote_identifier
 from layerscope.plots import head_matrix
 from layerscope.store import Run
 from layerscope.ui._encode import integers, pack
@@ -36,11 +37,12 @@ def attention(run: Run, phase: str, rank: int, width: int) -> dict[str, Any]:
         ``downsampled``, how columns were made.
     """
     phases = run.sql("select distinct phase from attention order by phase")["phase"].tolist()
+    value = quote_identifier(VALUE)
     if width == 1:
-        steps_clause, value, group = "step as bucket, step as first, step as last", VALUE, ""
+        steps_clause, group = "step as bucket, step as first, step as last", ""
     else:
         steps_clause = "step // $width as bucket, min(step) as first, max(step) as last"
-        value, group = f"{AGGREGATE}({VALUE})", " group by all"
+        value, group = f"{AGGREGATE}({value})", " group by all"
     frame = run.sql(
         f"select module, call, head, {steps_clause}, {value} as value from attention"
         f" where phase = $phase and rank = $rank{group}",

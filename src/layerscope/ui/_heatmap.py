@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pandas
 
-from layerscope.plots import LOG_SCALE_STATS, PICKED_MODULES, column
+from layerscope.model import quote_identifier
+from layerscope.plots import LOG_SCALE_STATS, PICKED_MODULES
 from layerscope.store import Run
 from layerscope.ui._encode import integers, pack
 from layerscope.ui._lost import check_chart_stat, expression
@@ -129,10 +130,10 @@ def series_of_layers(
     names = statistics(run)
     steps_clause, group = _grouped(width)
     if width == 1:
-        picked = ", ".join(f"{expression(name)} as {column(name)}" for name in names)
+        picked = ", ".join(f"{expression(name)} as {quote_identifier(name)}" for name in names)
     else:
         picked = ", ".join(
-            f"{aggregate(name)}({expression(name)}) as {column(name)}" for name in names
+            f"{aggregate(name)}({expression(name)}) as {quote_identifier(name)}" for name in names
         )
     chosen, params = "", selection.params(**_width(width))
     if modules is not None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from layerscope.plots import check_stat, column
+from layerscope.model import quote_identifier
+from layerscope.plots import check_stat
 from layerscope.stats import FORMATS
 from layerscope.store import Run
 
@@ -36,8 +37,9 @@ def expression(name: str) -> str:
     """
     fmt = LOST_STATS.get(name)
     if fmt is None:
-        return column(name)
-    return f"(({column(fmt.over)} + {column(fmt.under)})::double / nullif({column('numel')}, 0))"
+        return quote_identifier(name)
+    over, under, numel = map(quote_identifier, (fmt.over, fmt.under, "numel"))
+    return f"(({over} + {under})::double / nullif({numel}, 0))"
 
 
 def check_chart_stat(run: Run, stat: str) -> str:
