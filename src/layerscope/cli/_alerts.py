@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from layerscope.cli import _format
 from layerscope.cli._console import Column, Table
 from layerscope.cli._layers import shown_name
+from layerscope.model import quote_identifier
 
 if TYPE_CHECKING:
     from layerscope.store import Run
@@ -59,8 +60,10 @@ def alerts_table(run: Run, limit: int | None) -> Table:
         shown.remove("phase")
     if "rank" in shown and len(run.meta.get("ranks", ())) < 2:
         shown.remove("rank")
-    order = ", ".join(name for name in ("step", "rank") if name in columns)
-    query = f"select {', '.join(shown)} from alerts"
+    if "tensor" in shown and not _held(run, "tensor"):  # files older than the column
+        shown.remove("tensor")
+    order = ", ".join(quote_identifier(name) for name in ("step", "rank") if name in columns)
+    query = f"select {', '.join(map(quote_identifier, shown))} from alerts"
     if order:
         query += f" order by {order}"
     if limit is not None:
@@ -87,7 +90,14 @@ def _varies(run: Run, column: str, default: str) -> bool:
     if column not in _SHOWN:
         raise ValueError(f"column: expected one of {_SHOWN}, got {column!r}")
     frame = run.sql(
-        f"select count(*) as n from alerts where coalesce({column}, '') <> $default",
+        f"select count(*) as n from alerts"
+        f" where coalesce({quote_identifier(column)}, $default) <> $default",
         {"default": default},
-    )
+    )  # NULL where the files lack the column (older runs): not known, so not other
+    return bool(frame.n.iloc[0])
+
+
+def _held(run: Run, column: str) -> bool:
+    """Whether any alert has a value of ``column``; none does where the files lack it."""
+    frame = run.sql(f"select count({quote_identifier(column)}) as n from alerts")
     return bool(frame.n.iloc[0])

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from layerscope.cli._queries import row_filter, row_params, stats_columns, steps_of
+from layerscope.model import quote_identifier
 from layerscope.stats import Format, format_named
 
 if TYPE_CHECKING:
@@ -33,11 +34,14 @@ def headroom_fields(run: Run, phase: str, rank: int) -> tuple[str, list[tuple[st
     if not formats or not steps:
         return None
     counts = ", ".join(
-        f"sum({fmt.over}) as {fmt.over}, sum({fmt.under}) as {fmt.under}" for fmt in formats
+        f"sum({name}) as {name}"
+        for fmt in formats
+        for name in map(quote_identifier, (fmt.over, fmt.under))
     )
+    first = quote_identifier(formats[0].over)
     frame = run.sql(
         f"select module, kind, tensor, sum(numel) as numel, {counts} from stats "
-        f"where step = $step and {row_filter(columns)} and {formats[0].over} is not null "
+        f"where step = $step and {row_filter(columns)} and {first} is not null "
         "group by module, kind, tensor order by module, kind, tensor",
         row_params(phase, rank, step=steps[-1]),
     )
@@ -50,6 +54,8 @@ def _worst(frame: pandas.DataFrame, fmt: Format) -> str:
     numel = frame["numel"].astype("float64").where(frame["numel"] > 0)
     over = frame[fmt.over].astype("float64") / numel
     under = frame[fmt.under].astype("float64") / numel
+    if len(frame) and frame["numel"].isna().all():  # files without numel: no fraction known
+        return "not known (the run's files lack numel)"
     lost = (over + under).fillna(0.0)
     order = lost.sort_values(ascending=False, kind="stable").index
     shown = [index for index in order[:TOP] if lost[index] > 0]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import numbers
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -170,8 +171,10 @@ def replay(recorded: Run, rank: int = 0) -> Iterator[Records]:
             alerts=[alert for alert in alerts if _within(alert.step, low, high)],
             attention=[row for row in attention if _within(row.step, low, high)],
         )
+        # An unknown sentinel flag (a file without the column) reads as a full row's.
+        sentinels = frame["sentinel"].fillna(False).astype(bool)
         chunks = [
-            _stats_rows(frame[frame["sentinel"] == sentinel], rank, config, edges, identities)
+            _stats_rows(frame[sentinels == sentinel], rank, config, edges, identities)
             for sentinel in (False, True)
         ]
         chunks = [chunk for chunk in chunks if chunk is not None]
@@ -220,7 +223,10 @@ def _alerts(recorded: Run, rank: int) -> list[Alert]:
     defaults["threshold"] = math.nan
     alerts = []
     for record in frame.to_dict("records"):
-        fields = {name: record.get(name, defaults.get(name)) for name in ALERT_COLUMNS}
+        fields = {name: record.get(name) for name in ALERT_COLUMNS}
+        for name in ALERT_COLUMNS:  # None where a file lacks the column: its default
+            if fields[name] is None:
+                fields[name] = defaults.get(name)
         for name in ("value", "threshold"):
             fields[name] = float(fields[name]) if fields[name] is not None else math.nan
         fields["step"] = int(fields["step"])
@@ -250,7 +256,7 @@ def _stats_rows(
     """The rows of ``frame``, all sentinel rows or none, as the writer hands them to sinks."""
     if frame.empty:
         return None
-    sentinel = bool(frame["sentinel"].iloc[0])
+    sentinel = bool(frame["sentinel"].fillna(False).iloc[0])
     builtin = [name for name in config.get("stats", ()) if name != "hist"]
     names = [name for name in builtin if not sentinel or name in SENTINEL_STATS]
     if "numel" not in names:
@@ -262,7 +268,7 @@ def _stats_rows(
         if name in frame and not sentinel
     }
     identity = [
-        identities.code(Identity(phase, module, module_type, Kind(kind), tensor, int(call)))
+        identities.code(Identity(phase, module, _text(module_type), Kind(kind), tensor, int(call)))
         for phase, module, module_type, kind, tensor, call in zip(
             frame["phase"],
             frame["module"],
@@ -274,7 +280,7 @@ def _stats_rows(
         )
     ]
     form = [
-        identities.form_code(Form(dtype, _shape(shape), _shard(shard)))
+        identities.form_code(Form(_text(dtype), _shape(shape), _shard(shard)))
         for dtype, shape, shard in zip(frame["dtype"], frame["shape"], frame["shard"], strict=True)
     ]
     hist = None
@@ -305,7 +311,7 @@ def _histograms(lows: pandas.Series, trimmed: pandas.Series, slots: int) -> torc
     """Stored histograms (counts from slot ``hist_lo`` on) widened to ``(rows, slots)``."""
     full = torch.zeros(len(trimmed), slots, dtype=torch.float64)
     for row, (low, counts) in enumerate(zip(lows, trimmed, strict=True)):
-        if counts is None or low is None or (isinstance(low, float) and math.isnan(low)):
+        if not (_stored(low) and _stored(counts)):  # a sentinel row's, or a file's without
             continue
         values = torch.as_tensor(list(counts), dtype=torch.float64)
         full[row, int(low) : int(low) + len(values)] = values
@@ -313,7 +319,18 @@ def _histograms(lows: pandas.Series, trimmed: pandas.Series, slots: int) -> torc
 
 
 def _shape(shape: Any) -> tuple[int, ...]:
-    return () if shape is None else tuple(int(size) for size in shape)
+    return tuple(int(size) for size in shape) if _stored(shape) else ()
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""  # pandas' NA: a file without the column
+
+
+def _stored(value: Any) -> bool:
+    """Whether a cell holds a value: not None, NaN or pandas' NA (a file without the column)."""
+    if isinstance(value, float):
+        return not math.isnan(value)
+    return isinstance(value, numbers.Number | Collection)
 
 
 def _shard(shard: Any) -> str | None:

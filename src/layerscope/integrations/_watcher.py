@@ -72,11 +72,12 @@ def fresh_run_dir(parent: str) -> str:
     A second ``fit()`` into the same log directory then writes a run of its own instead of
     failing on the first one's. Every rank of a job asks before any of them has written.
     """
-    fsspec = require("fsspec", "dataframe")
+    from layerscope.store.locations import location_filesystem
+
     base = f"{parent.rstrip('/')}/{RUN_NAME}"
     path, number = base, 1
     while True:
-        fs, root = fsspec.core.url_to_fs(path)
+        fs, root = location_filesystem(path)
         if not fs.exists(f"{root.rstrip('/')}/run.json"):
             return path
         number += 1

@@ -8,6 +8,8 @@ zeros. Where each slot is drawn is ``_value_axis``'s.
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -60,7 +62,8 @@ def read_histograms(
 def widen(lo: object, counts: object, slots: int) -> np.ndarray:
     """A trimmed histogram as all ``slots`` counts (float64); zeros where none was kept."""
     row = np.zeros(slots)
-    if counts is None or lo is None or (isinstance(lo, float) and np.isnan(lo)):
+    # None, NaN or pandas' NA (a row of a file without histograms): nothing kept
+    if not isinstance(counts, Collection) or not isinstance(lo, numbers.Number) or lo != lo:
         return row
     values = np.asarray(counts, dtype=np.float64)
     start = int(lo)  # type: ignore[call-overload]  # an int16 from the store

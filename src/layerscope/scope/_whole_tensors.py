@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from layerscope._errors import FailureCounter
-from layerscope._imports import require
 from layerscope.distributed import ProcessRank
 from layerscope.tensors import (
     DIRECTORY,
@@ -63,9 +62,10 @@ class WholeTensors:
         self._fs: Any = None
         self._root = ""
         if store is not None:
-            fsspec = require("fsspec", "dataframe")  # the store's extra brings it
+            from layerscope.store.locations import location_filesystem
+
             # Its own filesystem object, as the store's: no transaction of the training holds it.
-            self._fs, root = fsspec.core.url_to_fs(store.path, skip_instance_cache=True)
+            self._fs, root = location_filesystem(store.path, fresh=True)
             self._root = root.rstrip("/")
         self.workers: TensorWorkers | None = None
         if on_tensor is not None:

@@ -117,7 +117,8 @@ class TensorBoard:
         def value(name: str) -> float | None:
             found = lists.get(name)
             cell = found[row.index] if found is not None else None
-            return float(cell) if cell is not None else None
+            # NaN: a value not known (a stored run's file without the column), as None
+            return float(cell) if cell is not None and cell == cell else None
 
         mean, l2 = value("mean"), value("l2")
         finite = int(value("numel") or 0) - int(value("nan_count") or 0)

@@ -12,7 +12,6 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from layerscope._imports import require
 from layerscope.model import KEY_COLUMNS, META_COLUMNS, ModuleInfo
 from layerscope.store._damage import RunFileError, warn_damaged
 from layerscope.store._file_checks import check_modules, check_run_meta, parse_json
@@ -24,11 +23,13 @@ from layerscope.store._layout import (
     directory_rank,
     files_to_read,
 )
+from layerscope.store._regular_files import read_bounded
+from layerscope.store._run_sql import RunSql
 from layerscope.store._segment_checks import SegmentChecks
-from layerscope.store._sql import Database, Views
 from layerscope.store._status import combine_metas
-from layerscope.store._tables import RETRIES, empty_table, read_pieces, table_frame
+from layerscope.store._tables import empty_table, read_pieces, table_frame
 from layerscope.store._temporaries import clear_ended_places
+from layerscope.store.locations import location_filesystem
 
 if TYPE_CHECKING:
     import pandas
@@ -83,11 +84,10 @@ class Run:
             raise TypeError(
                 f"path: expected the path or URL of a run directory, got {type(path).__name__}"
             )
-        fsspec = require("fsspec", "dataframe")
         self.path = os.fspath(path)
         if not self.path:
             raise ValueError("path: expected the path or URL of a run directory, got ''")
-        self._fs, root = fsspec.core.url_to_fs(self.path)
+        self._fs, root = location_filesystem(self.path)  # a path, never a pattern or a chain
         self._root = root.rstrip("/") or root
         # A server's folder: no file whose real location is outside it is read (a link in a
         # run that points elsewhere is left out, named).
@@ -95,6 +95,7 @@ class Run:
         if self._fs.isfile(self._root):
             raise NotADirectoryError(f"path: {self.path} is a file, not a run directory")
         self.skipped: dict[str, str] = {}
+        self._modules: tuple[bytes, list[ModuleInfo]] | None = None  # modules.json as last read
         metas = self._read_metas() if self._fs.exists(self._root) else {}
         if not metas:
             raise FileNotFoundError(f"path: no run at {self.path} (no {RUN_FILE})")
@@ -109,8 +110,8 @@ class Run:
             {place: (rank, rank_meta) for rank, (place, rank_meta) in metas.items()},
             self.outside,
         )
-        self._views = Views(Database(self._fs))
         self._rankless: set[str] = set()  # files written before tables had a rank column
+        self._sql = RunSql(self._fs, self._listing, self._empty, self._reject, self._rankless)
 
     def __repr__(self) -> str:
         return f"<Run {self.meta.get('name')!r} {self.meta['status']}, {self.path}>"
@@ -129,15 +130,15 @@ class Run:
                     raise RunFileError(path, OUTSIDE)
                 self._skip(path, OUTSIDE)
                 continue
-            try:
-                with self._fs.open(path, "rb") as file:
-                    payload = file.read()
+            try:  # a regular file of bounded size: never a FIFO, never /dev/zero
+                meta = check_run_meta(path, parse_json(path, read_bounded(self._fs, path)))
             except FileNotFoundError:
                 continue
-            except IsADirectoryError:
-                payload = b""
-            try:
-                meta = check_run_meta(path, parse_json(path, payload))
+            except PermissionError:  # a rank's folder this user may not read: the rest is read
+                if place == self._root:
+                    raise
+                self._skip(path, "this user may not read it: its rank is left out")
+                continue
             except RunFileError as error:
                 if place == self._root:
                     raise
@@ -179,9 +180,11 @@ class Run:
             raise RunFileError(path, OUTSIDE)
         if self._fs.isdir(path):
             raise RunFileError(path, "a folder where the file should be")
-        with self._fs.open(path, "rb") as file:
-            payload = file.read()
-        return check_modules(path, parse_json(path, payload))
+        payload = read_bounded(self._fs, path)
+        # Figures and reports ask for the tree many times: the same bytes are checked once.
+        if self._modules is None or self._modules[0] != payload:
+            self._modules = (payload, check_modules(path, parse_json(path, payload)))
+        return list(self._modules[1])
 
     @property
     def stats(self) -> pandas.DataFrame:
@@ -247,13 +250,14 @@ class Run:
     def tensors(self) -> SavedCapture:
         """The whole tensors the run kept (``watch(tensors=...)``), of rank 0.
 
-        Records in the order written, each with its step; empty if the run kept none. Another
-        rank's: ``layerscope.load_capture(f"{run.path}/rank-00001/tensors")``. Needs
+        Records in the order written, each with its step; empty if the run kept none. A
+        damaged part is left out, named in ``skipped``. Another rank's:
+        ``layerscope.load_capture(f"{run.path}/rank-00001/tensors")``. Needs
         ``layerscope[capture]``.
         """
         from layerscope.tensors import DIRECTORY, SavedCapture, read_parts
 
-        records = read_parts(self._fs, f"{self._root}/{DIRECTORY}")
+        records = read_parts(self._fs, f"{self._root}/{DIRECTORY}", skipped=self.skipped)
         return SavedCapture(records, {"tensors": self.meta.get("config", {}).get("tensors")})
 
     @property
@@ -289,40 +293,27 @@ class Run:
 
             run.sql("select module, max(absmax) from stats where kind = ? group by 1", ["grad"])
         """
-        duckdb = require("duckdb", "dataframe")
-        for _ in range(RETRIES - 1):
-            try:
-                return self._query(query, params)
-            except (FileNotFoundError, duckdb.IOException):
-                continue  # a run being compacted: a listed segment went before it was read
-        return self._query(query, params)
-
-    def _query(self, query: str, params: Parameters = None) -> pandas.DataFrame:
-        """``query`` over a view per table of the files the directory lists now."""
-        empty = self._refresh_views()
-        connection = self._views.database.cursor()
-        try:
-            for table in empty:  # a table no file holds yet: its columns, no rows
-                connection.register(table, self._empty(table))
-            frame: pandas.DataFrame = connection.execute(query, params).df()
-        finally:
-            connection.close()
-        return frame
-
-    def _refresh_views(self) -> list[str]:
-        """Make the tables' views over the files listed now; return the tables with no file."""
-        listing = {table: self._readable(table) for table in TABLES}
-        return self._views.refresh(self._fs, listing, self._rankless)
+        return self._sql.query(query, params)
 
     # ------------------------------------------------------------------ files
 
     def _frame(self, table: str) -> pandas.DataFrame:
-        pieces = read_pieces(self._fs, lambda: self._readable(table), f"{self.path}: {table}")
+        what = f"{self.path}: {table}"
+        pieces = read_pieces(self._fs, lambda: self._readable(table), what, self._reject)
         if table == "calls":
             from layerscope.store._calls import expand_orders
 
             pieces = [expand_orders(piece) for piece in pieces]
         return table_frame(pieces, self._empty(table))
+
+    def _listing(self) -> dict[str, list[str]]:
+        """Each table's files to read now."""
+        return {table: self._readable(table) for table in TABLES}
+
+    def _reject(self, path: str, reason: str) -> None:
+        """Leave out ``path``, whose pages could not be read: named now, and from now on."""
+        self._segments.reject(path, reason)
+        self._skip(path, reason)
 
     def _empty(self, table: str) -> Any:
         return empty_table(table, self.meta)
@@ -351,7 +342,11 @@ class Run:
                     self._skip(directory, f"a file where the {table} folder should be")
                     continue
                 if present:
-                    listed = self._fs.ls(directory, detail=False)
+                    try:
+                        listed = self._fs.ls(directory, detail=False)
+                    except PermissionError:
+                        self._skip(directory, "this user may not read this folder: left out")
+                        continue
                     names = files_to_read([p.rstrip("/").rsplit("/", 1)[-1] for p in listed])
             listing = self._segments.listing(place, table, directory, names)
             for path, reason in listing.skipped:
@@ -372,7 +367,8 @@ def load(path: str | os.PathLike[str], ranks: str = "each") -> Run:
     The files of every rank of a distributed job are read as one run.
 
     Args:
-        path: the run's directory, a local path or an fsspec URL.
+        path: the run's directory: a local path, taken as it is (``exp[1]`` is no pattern),
+            or an fsspec URL (see ``layerscope.store.locations``).
         ranks: ``"each"`` shows every rank's rows; ``"merge"`` merges them in ``run.stats``
             into whole-job rows (activations and gradients of all ranks' data, sharded
             parameters whole), exactly as ``watch(ranks="merge")`` merges while training.

@@ -2,13 +2,17 @@
 
 A file is checked once, from its footer, and never changes after (files appear by rename and
 are never rewritten). It is left out, with its reason, when it is:
-- damaged: truncated, garbage, not Parquet;
+- damaged: truncated, garbage, not Parquet, not a regular file (a FIFO, a device), or
+  claiming more rows than its size can hold;
 - another table's or another program's: a key column missing or of another type;
 - a copy: its footer names another file (``layerscope.file``, written since schema 1's
   files carried it), or its footer is byte for byte another file's;
 - another rank's: its ``rank`` column, by the footer's statistics, is not its directory's.
 A table whose files hold fewer rows than the rank's ``run.json`` counts as written is named
 too: its files were removed or replaced.
+
+Damage past the footer, in the pages, shows only when they are read: a reader that meets it
+leaves the file out then (``reject``), and it stays out.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Any
 
 from layerscope._imports import require
 from layerscope.stats import BUILTIN_STATS
+from layerscope.store._damage import RunFileError
+from layerscope.store._regular_files import open_regular
 
 # The columns a table's file must have, and the kind of each column a reader relies on.
 _REQUIRED = {
@@ -64,6 +70,11 @@ _KINDS = {
 # What run.json counts of each table's rows: a table holding fewer lost some.
 _WRITTEN_COUNT = {"stats": "written_rows", "scalars": "written_scalars"}
 _FOOTER_TAIL = 8  # a Parquet file ends with its footer's length (4 bytes) and "PAR1"
+# The most rows a file may claim per byte of its size. Every table stores an 8-byte integer
+# column (``step``, or ``seq``) plainly: the densest files measured, every row alike, hold
+# 13.5 rows a byte with lz4 (what layerscope writes) and 76 with zstd. A footer claiming more
+# (2**62 rows) would have a reader allocate room for rows that are not there.
+_ROWS_PER_BYTE = 1024
 
 
 @dataclass
@@ -140,12 +151,16 @@ class SegmentChecks:
             listing.skipped.append((directory, f"{held} {rows} rows {lost}"))
         return listing
 
+    def reject(self, path: str, reason: str) -> None:
+        """Leave ``path`` out from now on, for ``reason``: its pages could not be read."""
+        self._verdicts.setdefault(path, _Verdict(reason)).reason = reason
+
     def _check(self, path: str, name: str, table: str, rank: int | None) -> _Verdict:
         parquet = require("pyarrow.parquet", "dataframe")
         if self._outside(path):
             return _Verdict("a link to a place outside the served folder: not read")
         try:
-            with self._fs.open(path, "rb") as file:
+            with open_regular(self._fs, path) as file:
                 file.seek(0, 2)
                 size = file.tell()
                 file.seek(max(0, size - _FOOTER_TAIL))
@@ -157,10 +172,12 @@ class SegmentChecks:
                 metadata = parquet.read_metadata(file)
         except FileNotFoundError:
             raise  # compacted meanwhile: the caller lists again
-        except Exception as error:  # any damage: truncated, garbage, a folder
+        except RunFileError as error:  # a FIFO, a device, a folder
+            return _Verdict(error.reason)
+        except Exception as error:  # any damage: truncated, garbage
             return _Verdict(f"{type(error).__name__}: {error}")
         schema = metadata.schema.to_arrow_schema()
-        reason = _schema_fault(schema, table)
+        reason = _rows_fault(metadata, size) or _schema_fault(schema, table)
         if reason is None:
             reason = _name_fault(schema.metadata or {}, name)
         if reason is None and rank is not None:
@@ -183,6 +200,17 @@ def _lost_rows(meta: dict[str, Any], table: str, rows: int) -> str | None:
     if table == "alerts" and isinstance(last, int) and rows == 0:
         # run.json counts no alerts, but says which step the last one on disk is
         return f"where run.json says they reach step {last}: files were removed or replaced"
+    return None
+
+
+def _rows_fault(metadata: Any, size: int) -> str | None:
+    """Why a file of ``size`` bytes cannot hold the rows its footer claims, or None."""
+    groups = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    rows = metadata.num_rows
+    if rows < 0 or min(groups, default=0) < 0 or sum(groups) != rows:
+        return f"its footer claims {rows} rows, its row groups {sum(groups)}"
+    if rows > _ROWS_PER_BYTE * size:
+        return f"its footer claims {rows} rows, more than {size} bytes can hold"
     return None
 
 

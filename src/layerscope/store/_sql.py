@@ -1,7 +1,8 @@
 """SQL over a run: a DuckDB database per ``Run``, and views over its Parquet files.
 
 The views are made again only when the listing of files changed: binding a view reads every
-file's schema, which cost most of a small query.
+file's schema, which cost most of a small query. Each view has every column its run declares,
+NULL where no file has it, so that a query names the same columns whatever files it meets.
 
 Every database still open is closed at exit: a connection still alive when the interpreter
 shuts down (a Run kept by a thread, a cycle) makes DuckDB's bindings print "nanobind: leaked
@@ -14,9 +15,11 @@ import atexit
 import contextlib
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from layerscope._imports import require
+from layerscope.model import quote_identifier
 
 
 class Database:
@@ -30,6 +33,8 @@ class Database:
         self._fs = fs
         self._connection: Any = None
         self.opened = 0  # how many times it was opened: views made before are gone
+        self._aliases: Any = None  # plain names of files with pattern characters in their paths
+        self._lock = threading.Lock()
 
     def cursor(self) -> Any:
         """A new cursor of the database, which is opened now if it is not yet."""
@@ -39,8 +44,24 @@ class Database:
             self.opened += 1
             if self._fs.protocol not in ("file", ("file", "local")):
                 self._connection.register_filesystem(self._fs)
+            if self._aliases is not None:
+                self._connection.register_filesystem(self._aliases)
             _OPEN.add(self)
         return self._connection.cursor()
+
+    def url(self, path: str) -> str:
+        """How DuckDB is to name the file at ``path``: never as a pattern (``_file_aliases``)."""
+        from layerscope.store._file_aliases import FileAliases, needs_alias
+
+        if not needs_alias(path):
+            return duckdb_url(self._fs, path)
+        with self._lock:
+            if self._aliases is None:
+                self._aliases = FileAliases(self._fs)
+                if self._connection is not None:
+                    self._connection.register_filesystem(self._aliases)
+        url: str = self._aliases.url(path)
+        return url
 
     def close(self) -> None:
         """Close the database; the next query opens it again."""
@@ -60,15 +81,20 @@ def _close_databases() -> None:
         database.close()
 
 
-def create_view(connection: Any, table: str, urls: list[str], rankless: int) -> None:
+def create_view(
+    connection: Any, table: str, urls: list[str], rankless: int, declared: Any = None
+) -> None:
     """Make ``table`` a view over the Parquet files at ``urls``, their columns united by name.
 
     Args:
         connection: the DuckDB connection (or cursor) the view is made in.
         table: the view's name.
-        urls: the files, as DuckDB reads them (see ``duckdb_url``); at least one.
+        urls: the files, as DuckDB reads them (see ``Database.url``: names, never patterns);
+            at least one.
         rankless: how many of them have no ``rank`` column, written before tables had one:
             their rows are rank 0's.
+        declared: an empty Arrow table of the columns the run declares for ``table``: each
+            one no file has is in the view too, NULL (see ``declare_columns``).
     """
     listing = ", ".join("'" + url.replace("'", "''") + "'" for url in urls)
     source = f"read_parquet([{listing}], union_by_name = true)"
@@ -77,22 +103,54 @@ def create_view(connection: Any, table: str, urls: list[str], rankless: int) -> 
         columns = "*, 0::integer as rank"
     elif rankless:
         columns = "* replace (coalesce(rank, 0)::integer as rank)"
-    connection.execute(f"create or replace view {table} as select {columns} from {source}")
+    declare_columns(connection, table, f"select {columns} from {source}", declared)
 
 
-def create_calls_view(connection: Any, urls: list[str], rankless: int) -> None:
+def declare_columns(connection: Any, view: str, query: str, declared: Any) -> None:
+    """Make ``view`` the rows of ``query`` with every column of ``declared``.
+
+    A file may lack a column its run declares (written before the column was, or rewritten
+    by another program): where no file has it, the view has it as a NULL of its declared
+    type, so that every reader can name the run's columns and finds their values unknown.
+
+    Args:
+        connection: the DuckDB connection (or cursor) the view is made in.
+        view: the view's name.
+        query: the SQL of its rows, made of names the code declares.
+        declared: an empty Arrow table of the columns the view must have, or None for none.
+    """
+    quoted = quote_identifier(view)
+    connection.execute(f"create or replace view {quoted} as {query}")
+    if declared is None:
+        return
+    # DuckDB binds names regardless of case: a column "Numel" answers to numel.
+    present = {str(row[0]).lower() for row in connection.execute(f"describe {quoted}").fetchall()}
+    schema = connection.from_arrow(declared)  # each Arrow type as DuckDB names it
+    missing = [
+        f"null::{kind} as {quote_identifier(name)}"
+        for name, kind in zip(schema.columns, schema.types, strict=True)
+        if name.lower() not in present
+    ]
+    if missing:
+        rows = f"select *, {', '.join(missing)} from ({query})"
+        connection.execute(f"create or replace view {quoted} as {rows}")
+
+
+def create_calls_view(connection: Any, urls: list[str], rankless: int, declared: Any) -> None:
     """Make ``calls`` every recorded step's order, over ``calls_stored``, the files as stored.
 
     See ``layerscope.store._calls``: a step that repeats the order before it is stored as one
     ``same`` row, which the view expands. Files written before steps were have no ``step``:
-    there ``calls`` is the files as they are.
+    there ``calls`` is the files as they are, with ``step`` NULL.
     """
     from layerscope.store._calls import EXPANDED_CALLS
 
-    create_view(connection, "calls_stored", urls, rankless)
+    # ``step`` is left as the files have it: whether they have it says how to read them.
+    stored = declared.drop_columns(["step"])
+    create_view(connection, "calls_stored", urls, rankless, stored)
     columns = {row[0] for row in connection.execute("describe calls_stored").fetchall()}
     query = EXPANDED_CALLS if "step" in columns else "select * from calls_stored"
-    connection.execute(f"create or replace view calls as {query}")
+    declare_columns(connection, "calls", query, declared)
 
 
 def duckdb_url(fs: Any, path: str) -> str:
@@ -110,13 +168,15 @@ class Views:
         self._lock = threading.Lock()
         self._signature: tuple[int, tuple[tuple[str, ...], ...]] | None = None
 
-    def refresh(self, fs: Any, listing: dict[str, list[str]], rankless: set[str]) -> list[str]:
+    def refresh(
+        self, listing: dict[str, list[str]], rankless: set[str], declared: Callable[[str], Any]
+    ) -> list[str]:
         """Make the views over ``listing`` (table -> paths) unless they are that already.
 
         Args:
-            fs: the fsspec filesystem of the paths.
             listing: each table's files to read now.
             rankless: the files written before tables had a ``rank`` column.
+            declared: an empty Arrow table of a table's declared columns: its view has each.
 
         Returns:
             The tables that have no file.
@@ -128,14 +188,14 @@ class Views:
                 try:
                     for table, paths in listing.items():
                         if paths:
-                            urls = [duckdb_url(fs, path) for path in paths]
+                            urls = [self.database.url(path) for path in paths]
                             count = sum(path in rankless for path in paths)
                             if table == "calls":
-                                create_calls_view(connection, urls, count)
+                                create_calls_view(connection, urls, count, declared(table))
                             else:
-                                create_view(connection, table, urls, count)
+                                create_view(connection, table, urls, count, declared(table))
                         else:
-                            connection.execute(f"drop view if exists {table}")
+                            connection.execute(f"drop view if exists {quote_identifier(table)}")
                 finally:
                     connection.close()
                 # The database may have been opened by the cursor: the views are its.

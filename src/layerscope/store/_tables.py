@@ -1,7 +1,9 @@
 """A table of a run read whole: its files' Arrow tables, joined into one DataFrame.
 
 Each file is read with its ``rank`` (files written before tables had one get rank 0); a table
-no file holds yet is an empty one with the table's columns, as ``run.json``'s config says.
+no file holds yet is an empty one with the table's columns, as ``run.json``'s config says. A
+file that cannot be read whole (damaged pages behind a sound footer) is left out, and the
+rest read.
 """
 
 from __future__ import annotations
@@ -10,12 +12,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from layerscope._imports import require
+from layerscope.store._damage import RunFileError
+from layerscope.store._regular_files import open_regular
 
 if TYPE_CHECKING:
     import pandas
 
 #: How many times a table is listed again when a file vanishes as it is read.
 RETRIES = 10
+#: Why a file whose footer is sound is left out when its rows cannot be read.
+UNREADABLE_DATA = "its footer is sound but its data cannot be read"
 
 
 def table_frame(pieces: list[Any], empty: Any) -> pandas.DataFrame:
@@ -42,7 +48,12 @@ def table_frame(pieces: list[Any], empty: Any) -> pandas.DataFrame:
     return frame
 
 
-def read_pieces(fs: Any, readable: Callable[[], list[str]], what: str) -> list[Any]:
+def read_pieces(
+    fs: Any,
+    readable: Callable[[], list[str]],
+    what: str,
+    damaged: Callable[[str, str], object] = lambda path, reason: None,
+) -> list[Any]:
     """Arrow tables of the files ``readable()`` lists, each with its ``rank``.
 
     A file that vanishes while being read was compacted meanwhile: list again rather than
@@ -52,6 +63,7 @@ def read_pieces(fs: Any, readable: Callable[[], list[str]], what: str) -> list[A
         fs: the fsspec filesystem.
         readable: lists the table's files to read, now.
         what: the run and table, for the error when they never stop changing.
+        damaged: told each file that cannot be read, and why; the file is left out.
     """
     pyarrow = require("pyarrow", "dataframe")
     parquet = require("pyarrow.parquet", "dataframe")
@@ -59,8 +71,17 @@ def read_pieces(fs: Any, readable: Callable[[], list[str]], what: str) -> list[A
         pieces = []
         try:
             for path in readable():
-                with fs.open(path, "rb") as file:
-                    piece = parquet.read_table(file)
+                try:
+                    with open_regular(fs, path) as file:
+                        piece = parquet.read_table(file)
+                except FileNotFoundError:
+                    raise
+                except RunFileError as error:  # no longer a regular file
+                    damaged(path, error.reason)
+                    continue
+                except Exception as error:  # the pages behind a sound footer: any damage
+                    damaged(path, f"{UNREADABLE_DATA} ({type(error).__name__}: {error})")
+                    continue
                 if "rank" not in piece.column_names:  # written before tables had one
                     rank = pyarrow.array([0] * piece.num_rows, pyarrow.int32())
                     piece = piece.append_column("rank", rank)

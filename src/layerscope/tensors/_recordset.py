@@ -147,8 +147,9 @@ def load_capture(dir: str | os.PathLike[str], device: str | torch.device = "cpu"
         True
     """
     if not (Path(dir) / INDEX).exists():  # a run's tensors, maybe at an fsspec URL
-        fsspec = require("fsspec", "dataframe")
-        fs, root = fsspec.core.url_to_fs(os.fspath(dir))
+        from layerscope.store.locations import location_filesystem
+
+        fs, root = location_filesystem(dir)
         if is_parts_directory(fs, root.rstrip("/")):
             return SavedCapture(read_parts(fs, root.rstrip("/"), str(device)), {})
     records, info = read_records(dir, device)
