@@ -6,9 +6,13 @@
     PYTHONPATH=OTHER/src python benchmarks/damage.py   # the layerscope of another checkout
 
 The corpus is ``tests/damage/corpus.py`` (about a hundred damaged copies of a small real run,
-written by the layerscope imported), the rules ``tests/damage/classify.py``. The table counts
+written by the layerscope imported), ``hostile_cases.py`` (named pipes, devices, damaged pages,
+unreadable files, pattern folder names, terminal escapes) and ``schema_cases.py`` (a wrong value
+for every field at every depth of run.json and modules.json, generated from their schema, and
+the extremes of every number); the rules are ``tests/damage/classify.py``. The table counts
 reader outcomes: seven library readers, two commands and nine dashboard routes per case; the
-list after it gives every bad one with its message or the last line of its traceback.
+list after it gives every bad one with its message or the last line of its traceback. The
+generated cases' rows are summed up by field (``--each`` shows them one by one).
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "damage"))
 
 import classify
 import corpus
+import hostile_cases
+import schema_cases
+
+CASES = (*corpus.CASES, *hostile_cases.CASES, *schema_cases.CASES)
 
 # Worst first: a cell lists a family's outcomes in this order.
 SEVERITY = tuple(reversed(classify.OUTCOMES))
@@ -43,7 +51,27 @@ def cell(outcomes: list[classify.Outcome]) -> str:
     return "; ".join(parts)
 
 
-def table(results: dict[str, list[classify.Outcome]], where: str, seconds: float) -> str:
+def grouped(
+    results: dict[str, list[classify.Outcome]], each: bool
+) -> dict[str, list[classify.Outcome]]:
+    """The results by row of the table: a generated field's cases in one row, unless ``each``."""
+    if each:
+        return results
+    rows: dict[str, list[classify.Outcome]] = {}
+    counted: Counter[str] = Counter()
+    for name, outcomes in results.items():
+        row = schema_cases.GROUP_OF.get(name, name)
+        rows.setdefault(row, []).extend(outcomes)
+        counted[row] += 1
+    return {
+        (row if row in results else f"{row} ({counted[row]} values)"): outcomes
+        for row, outcomes in rows.items()
+    }
+
+
+def table(
+    results: dict[str, list[classify.Outcome]], where: str, seconds: float, each: bool = False
+) -> str:
     families = list(classify.FAMILIES)
     lines = [
         "# Damaged runs: what every reader does",
@@ -54,7 +82,7 @@ def table(results: dict[str, list[classify.Outcome]], where: str, seconds: float
         "| case | " + " | ".join(families) + " |",
         "|---|" + "---|" * len(families),
     ]
-    for name, outcomes in results.items():
+    for name, outcomes in grouped(results, each).items():
         cells = [cell([o for o in outcomes if _FAMILY_OF[o.reader] == f]) for f in families]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     totals = {family: Counter[str]() for family in families}
@@ -92,6 +120,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", metavar="FILE", help="also save the table in FILE")
     parser.add_argument("--case", default="", help="only the cases whose name holds this")
+    parser.add_argument("--each", action="store_true", help="a row for each generated case")
     args = parser.parse_args()
     import layerscope
 
@@ -99,12 +128,15 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="layerscope-damage-") as folder:
         classifier = classify.Classifier(corpus.make_bases(Path(folder) / "bases"), Path(folder))
-        for case in corpus.CASES:
-            if args.case in case.name:
-                results[case.name] = classifier.outcomes(case)
-                print(f"{case.name}: {cell(results[case.name])}", file=sys.stderr)
+        try:
+            for case in CASES:
+                if args.case in case.name:
+                    results[case.name] = classifier.outcomes(case)
+                    print(f"{case.name}: {cell(results[case.name])}", file=sys.stderr)
+        finally:
+            classifier.close()
     where = str(Path(layerscope.__file__).parent)
-    text = table(results, where, time.perf_counter() - start)
+    text = table(results, where, time.perf_counter() - start, args.each)
     print(text)
     if args.write:
         Path(args.write).write_text(text)

@@ -28,28 +28,35 @@ and, where it exits 0, its stdout (a listing of the runs it could not read); a d
 error's ``error``, or an answer's ``skipped``, ``error``, ``errors`` or ``warnings`` keys,
 wherever they are in it.
 
+Every reader is bounded in time (``isolation.READER_SECONDS``); a case that asks for it reads
+in a process of its own, bounded in memory too, and as a user who is not root (see
+``isolation``).
+
 Outcomes, the first rule that applies:
 
 1. ``injected``: a file ``INJECTED*`` appeared (anywhere under the case's folder, which is
    the working directory while it is read, or in the working directory the classifier was
    started in).
-2. ``traceback``: the library raised an exception other than ``OSError`` or ``ValueError``
+2. ``escape``: a command printed a raw ESC byte (a run's name, host or module name holding
+   terminal escapes, shown as they are).
+3. ``hang``: the reader gave no answer in its time, or its process gave none.
+4. ``traceback``: the library raised an exception other than ``OSError`` or ``ValueError``
    (what ``load`` documents; ``RunFileError`` is a ``ValueError``), or a command let an
    exception escape or printed a traceback.
-3. ``500``: the dashboard answered 500 (or its handler raised).
-4. ``named``: a clean error that names a damaged file: the library's ``OSError`` or
+5. ``500``: the dashboard answered 500 (or its handler raised).
+6. ``named``: a clean error that names a damaged file: the library's ``OSError`` or
    ``ValueError``; a command's exit status 2 with exactly one line on stderr besides
    ``warning:`` lines; a dashboard's 4xx JSON ``error``.
-5. ``unnamed-error``: any other clean error (one that names no damaged file, a command's
+7. ``unnamed-error``: any other clean error (one that names no damaged file, a command's
    exit status 1, several lines).
-6. ``ok``: the answer equals the reference's; a crafted case's answer is always ok, as it
+8. ``ok``: the answer equals the reference's; a crafted case's answer is always ok, as it
    is its own reference.
-7. ``partial-labelled``: the answer differs, and a damaged file is named beside it. Library
+9. ``partial-labelled``: the answer differs, and a damaged file is named beside it. Library
    rows must still be part of what the run recorded (a sub-multiset, zero rows included):
    rows that no file should have given are ``silently-wrong`` even when something is named.
-8. ``partial-unlabelled``: nothing named; rows (or lines, or JSON lists) are a non-empty
+10. ``partial-unlabelled``: nothing named; rows (or lines, or JSON lists) are a non-empty
    part of the reference's.
-9. ``silently-wrong``: nothing named, and anything else: rows not recorded (duplicates, null
+11. ``silently-wrong``: nothing named, and anything else: rows not recorded (duplicates, null
    keys, other values), zero rows where the reference has some, other text.
 """
 
@@ -64,16 +71,20 @@ import math
 import os
 import re
 import shutil
+import tempfile
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import corpus
+import folder_names
+import isolation
+from isolation import bounded
 
 OUTCOMES = (
     "ok",
@@ -84,11 +95,11 @@ OUTCOMES = (
     "silently-wrong",
     "500",
     "traceback",
+    "hang",
+    "escape",
     "injected",
 )
-BAD = frozenset(
-    ("unnamed-error", "partial-unlabelled", "silently-wrong", "500", "traceback", "injected")
-)
+BAD = frozenset(OUTCOMES) - {"ok", "named", "partial-labelled"}
 FAMILIES = {
     "library": ("load", "stats", "scalars", "alerts", "calls", "sql", "modules"),
     "cli": ("summary", "runs"),
@@ -124,6 +135,7 @@ class Reading:
         said: what the reader said beside its answer: warnings, ``skipped``, stderr.
         injected: the injected files that appeared while it read.
         compare: how its value is compared with the reference's.
+        escaped: a command printed a raw ESC byte.
     """
 
     kind: str
@@ -132,6 +144,7 @@ class Reading:
     said: str = ""
     injected: tuple[str, ...] = ()
     compare: str = "exact"
+    escaped: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,17 +158,30 @@ class Outcome:
 # ---------------------------------------------------------------- reading a run
 
 
-def read_all(run: Path, params: Mapping[str, str], folder: Path) -> dict[str, Reading]:
-    """Every reader's reading of ``run``, with ``folder`` the working directory meanwhile."""
+def read_all(
+    run: Path, params: Mapping[str, str], folder: Path, readers: Sequence[str] = READERS
+) -> dict[str, Reading]:
+    """The readings of ``run`` by ``readers``, each bounded in time, with ``folder`` the
+    working directory meanwhile."""
     watch = InjectionWatch(folder)
     workdir = folder / "cwd"
     workdir.mkdir(exist_ok=True)
+    commands = {
+        "summary": ["summary", str(run), "--plain"],
+        "runs": ["runs", str(run.parent), "--plain"],
+    }
     with _working_directory(workdir):
-        readings = _library(run, watch)
-        readings["summary"] = watch.checked(_command(["summary", str(run), "--plain"], run))
-        readings["runs"] = watch.checked(_command(["runs", str(run.parent), "--plain"], run))
-        readings.update(_dashboard(run, params, watch))
+        readings = _library(run, watch, readers, folder)
+        for reader, argv in commands.items():
+            if reader in readers:
+                reading = bounded(functools.partial(_command, argv, run), folder, _hung)
+                readings[reader] = watch.checked(reading)
+        readings.update(_dashboard(run, params, watch, readers, folder))
     return readings
+
+
+def _hung(why: str) -> Reading:
+    return Reading("hang", message=why)
 
 
 class InjectionWatch:
@@ -227,37 +253,50 @@ def last_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}{where}"
 
 
-def _library(run: Path, watch: InjectionWatch) -> dict[str, Reading]:
+def _library(
+    run: Path, watch: InjectionWatch, readers: Sequence[str], folder: Path
+) -> dict[str, Reading]:
     import layerscope
 
+    wanted = [reader for reader in FAMILIES["library"] if reader in readers]
+    if not wanted:
+        return {}
     loading: list[str] = []
-    opened, failure = _call(lambda: layerscope.load(run), loading)
+    opened, failure = bounded(lambda: _call(lambda: layerscope.load(run), loading), folder,
+                              lambda why: (None, _hung(why)))  # fmt: skip
     failure = watch.checked(failure) if failure else None
     if failure is not None:
-        return dict.fromkeys(FAMILIES["library"], failure)
+        return dict.fromkeys(wanted, failure)
 
     def said(now: list[str]) -> str:
         skipped = getattr(opened, "skipped", {})  # a Run before Run.skipped has none
         return "\n".join([*loading, *now, *(f"{path}: {why}" for path, why in skipped.items())])
 
-    meta = {key: value for key, value in opened.meta.items() if key != "ranks"}
-    readings = {"load": watch.checked(Reading("value", plain(meta), said=said([])))}
-    for table in _TABLES:
+    def table(name: str) -> Reading:
         now: list[str] = []
-        frame, failure = _call(functools.partial(getattr, opened, table), now)
-        reading = failure or Reading("value", _rows(frame), said=said(now), compare="rows")
-        readings[table] = watch.checked(reading)
-    now = []
-    count, failure = _call(lambda: int(opened.sql(_COUNT_QUERY)["n"].iloc[0]), now)
-    readings["sql"] = watch.checked(
-        failure or Reading("value", count, said=said(now), compare="count")
-    )
-    now = []
-    modules, failure = _call(lambda: [info.to_dict() for info in opened.modules], now)
-    if failure is None:
-        failure = Reading("value", Counter(plain(modules)), said=said(now), compare="counter")
-    readings["modules"] = watch.checked(failure)
-    return readings
+        frame, failure = _call(functools.partial(getattr, opened, name), now)
+        return failure or Reading("value", _rows(frame), said=said(now), compare="rows")
+
+    def count() -> Reading:
+        now: list[str] = []
+        counted, failure = _call(lambda: int(opened.sql(_COUNT_QUERY)["n"].iloc[0]), now)
+        return failure or Reading("value", counted, said=said(now), compare="count")
+
+    def modules() -> Reading:
+        now: list[str] = []
+        listed, failure = _call(lambda: [info.to_dict() for info in opened.modules], now)
+        return failure or Reading(
+            "value", Counter(plain(listed)), said=said(now), compare="counter"
+        )
+
+    meta = {key: value for key, value in opened.meta.items() if key != "ranks"}
+    reads: dict[str, Callable[[], Reading]] = {
+        "load": lambda: Reading("value", plain(meta), said=said([])),
+        **{name: functools.partial(table, name) for name in _TABLES},
+        "sql": count,
+        "modules": modules,
+    }
+    return {reader: watch.checked(bounded(reads[reader], folder, _hung)) for reader in wanted}
 
 
 def plain(value: Any) -> Any:
@@ -321,6 +360,8 @@ def _command(argv: list[str], run: Path) -> Reading:
     except Exception as error:
         return Reading("traceback", message=last_line(error), said=err.getvalue())
     stderr = err.getvalue()
+    if "\x1b" in out.getvalue() + stderr:  # a terminal would take it for a command
+        return Reading("value", said=stderr, escaped=True)
     if "Traceback (most recent call last)" in stderr:
         lines = [line for line in stderr.strip().splitlines() if line.strip()]
         return Reading("traceback", message=lines[-1], said=stderr)
@@ -375,7 +416,7 @@ def routes(run_name: str, params: Mapping[str, str]) -> dict[str, str]:
     """Each dashboard reader's URL."""
     chart = {name: params[name] for name in ("kind", "tensor", "phase", "rank")}
     layer = {**chart, "module": params["module"]}
-    base = f"/api/runs/{run_name}"
+    base = f"/api/runs/{quote(run_name, safe='')}"
     return {
         "ui:runs": "/api/runs",
         "ui:run": base,
@@ -389,21 +430,31 @@ def routes(run_name: str, params: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-def _dashboard(run: Path, params: Mapping[str, str], watch: InjectionWatch) -> dict[str, Reading]:
+def _dashboard(
+    run: Path,
+    params: Mapping[str, str],
+    watch: InjectionWatch,
+    readers: Sequence[str],
+    folder: Path,
+) -> dict[str, Reading]:
     from starlette.testclient import TestClient
 
     from layerscope.ui._app import create_app
 
+    wanted = {r: url for r, url in routes(run.name, params).items() if r in readers}
+    if not wanted:
+        return {}
     said: list[str] = []
     app, failure = _call(lambda: create_app(run.parent), said)
     if failure is not None:
         failure = Reading("500", message=f"create_app: {failure.message}")
-        return {reader: watch.checked(failure) for reader in FAMILIES["dashboard"]}
+        return {reader: watch.checked(failure) for reader in wanted}
     readings = {}
     # What the server logs (a handler's traceback) is no answer: the client's is judged.
     with TestClient(app, base_url=_HOST) as client, contextlib.redirect_stderr(io.StringIO()):
-        for reader, url in routes(run.name, params).items():
-            readings[reader] = watch.checked(_route(client, url))
+        for reader, url in wanted.items():
+            reading = bounded(functools.partial(_route, client, url), folder, _hung)
+            readings[reader] = watch.checked(reading)
     return readings
 
 
@@ -454,10 +505,14 @@ def _without_skipped(value: Any) -> Any:
 def names(case: corpus.Case, text: str) -> bool:
     """Whether ``text`` names a file of ``case.names`` (see the module's docstring)."""
     for name in case.names:
+        if name == ".":  # the run's folder itself, as a path names it
+            if re.search(rf"/{re.escape(case.folder)}(?![\w./-])", text):
+                return True
+            continue
         folder = name.endswith("/")
         relative = re.escape(name.rstrip("/"))
         after = r"(?![\w-])" if folder else r"(?![\w/-])"
-        patterns = [rf"(?<![\w.-]){re.escape(corpus.RUN_FOLDER)}/{relative}{after}"]
+        patterns = [rf"(?<![\w.-]){re.escape(case.folder)}/{relative}{after}"]
         if "/" in name.rstrip("/") or "." in name:  # a bare "stats" is in too many sentences
             patterns.append(rf"(?<![\w./-]){relative}{after}")
         if any(re.search(pattern, text) for pattern in patterns):
@@ -473,7 +528,9 @@ def judge(case: corpus.Case, reader: str, reading: Reading, expected: Reading | 
 
     if reading.injected:
         return outcome("injected", ", ".join(reading.injected))
-    if reading.kind in ("traceback", "500"):
+    if reading.escaped:
+        return outcome("escape", "a raw ESC byte in what the command printed")
+    if reading.kind in ("traceback", "500", "hang"):
         return outcome(reading.kind, reading.message)
     if reading.kind == "error":
         clean = not reading.message.startswith("<not one line")
@@ -610,19 +667,23 @@ def _where_differs(value: Any, reference: Any, path: str) -> str:
 
 
 def classify(
-    case: corpus.Case, readings: Mapping[str, Reading], reference: Mapping[str, Reading] | None
+    case: corpus.Case,
+    readings: Mapping[str, Reading],
+    reference: Mapping[str, Reading] | None,
+    readers: Sequence[str] = READERS,
 ) -> list[Outcome]:
-    """Every reader's outcome on the case's run."""
+    """The outcome of each of ``readers`` on the case's run."""
     return [
         judge(case, reader, readings[reader], None if reference is None else reference[reader])
-        for reader in READERS
+        for reader in readers
     ]
 
 
 class Classifier:
     """Builds each case's run under ``folder`` and classifies what every reader does with it.
 
-    The reference runs are read once each and kept.
+    The reference runs are read once each and kept. A case that asks for it is read by an
+    ``isolation.Worker``: bounded in memory, or as a user who is not root; ``close`` ends them.
     """
 
     def __init__(self, bases: corpus.Bases, folder: Path) -> None:
@@ -630,13 +691,63 @@ class Classifier:
         self.folder = folder
         self.params = discover_params(bases.single)
         self._references: dict[tuple[Any, ...], dict[str, Reading]] = {}
+        self._workers: dict[int | None, isolation.Worker] = {}
+        self._open: Path | None = None  # cases read as NOBODY: a folder any user may read
 
-    def outcomes(self, case: corpus.Case) -> list[Outcome]:
+    def outcomes(self, case: corpus.Case, readers: Sequence[str] = READERS) -> list[Outcome]:
+        """The outcome of each of ``readers`` on the case's run."""
         params = {**self.params, **case.params}
-        place = self.folder / "cases" / case.name
-        run = corpus.build(case, self.bases, place)
-        readings = read_all(run, params, place)
-        return classify(case, readings, self.reference(case, params))
+        as_nobody = case.unprivileged and isolation.is_root()
+        place = self._open_folder() / case.name if as_nobody else self.folder / "cases" / case.name
+        run = corpus.build(case, self.bases, place, isolation.open_to_all if as_nobody else None)
+        try:
+            readings = self._read(case, run, params, place, readers)
+        finally:
+            isolation.restore_rights(place)
+        reference = self.reference(case, params)
+        if case.folder != corpus.RUN_FOLDER:  # the run's folder renamed: names made alike
+            readings = folder_names.alike(readings, case.folder)
+            reference = reference and folder_names.alike(reference, case.folder)
+        return classify(case, readings, reference, readers)
+
+    def _read(
+        self,
+        case: corpus.Case,
+        run: Path,
+        params: Mapping[str, str],
+        place: Path,
+        readers: Sequence[str],
+    ) -> dict[str, Reading]:
+        user = isolation.NOBODY if case.unprivileged and isolation.is_root() else None
+        if not case.isolated and user is None:
+            return read_all(run, params, place, readers)
+        if user not in self._workers:
+            home = (self._open_folder() if user is not None else self.folder) / f"home-{user}"
+            home.mkdir(exist_ok=True)
+            home.chmod(0o777)
+            warm_up = (self.bases.single, dict(self.params))
+            self._workers[user] = isolation.Worker(user, home, warm_up)
+        result = self._workers[user].read(run, dict(params), place, readers)
+        if isinstance(result, str):  # the process gave nothing: every reader's outcome
+            failed = Reading("hang" if result.startswith("hang") else "traceback", message=result)
+            return dict.fromkeys(readers, failed)
+        return result
+
+    def _open_folder(self) -> Path:
+        if self._open is None:
+            self._open = Path(tempfile.mkdtemp(prefix="layerscope-damage-"))
+            self._open.chmod(0o755)
+        return self._open
+
+    def close(self) -> None:
+        """End the reading processes; remove the folder of the cases read as NOBODY."""
+        for worker in self._workers.values():
+            worker.close()
+        self._workers.clear()
+        if self._open is not None:
+            isolation.restore_rights(self._open)
+            shutil.rmtree(self._open, ignore_errors=True)
+            self._open = None
 
     def reference(self, case: corpus.Case, params: Mapping[str, str]) -> dict[str, Reading] | None:
         if case.crafted:

@@ -91,6 +91,11 @@ class Case:
         beside: the run lies in a folder beside a good run (``GOOD_FOLDER``).
         ranked: starts from the run of two ranks.
         params: the dashboard's parameters for this case, over those of the base run.
+        folder: the run's folder name (its reference's is ``RUN_FOLDER``); a name in
+            ``names``, ``"."`` is that folder itself.
+        isolated: read in a process of its own, bounded in memory (``/dev/zero`` as a file).
+        unprivileged: read as a user who is not root (see ``isolation``): files it may not
+            read.
     """
 
     name: str
@@ -102,6 +107,9 @@ class Case:
     beside: bool = False
     ranked: bool = False
     params: Mapping[str, str] = field(default_factory=dict)
+    folder: str = RUN_FOLDER
+    isolated: bool = False
+    unprivileged: bool = False
 
 
 # ---------------------------------------------------------------- the base runs
@@ -159,9 +167,14 @@ def _environment(**values: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def build(case: Case, bases: Bases, folder: Path) -> Path:
-    """The damaged run of ``case`` in ``folder/runs/run``, a good run beside it if it says."""
-    run = _copy_base(bases.of(case), folder, case.beside)
+def build(
+    case: Case, bases: Bases, folder: Path, prepare: Callable[[Path], None] | None = None
+) -> Path:
+    """The damaged run of ``case`` in ``folder/runs/<case.folder>``, a good run beside it if it
+    says; ``prepare(folder)`` is called before the damage is done."""
+    run = _copy_base(bases.of(case), folder, case.beside, case.folder)
+    if prepare is not None:
+        prepare(folder)
     case.damage(run)
     return run
 
@@ -183,12 +196,12 @@ def reference_key(case: Case) -> tuple[Any, ...]:
     return (case.ranked, case.beside, case.reference)
 
 
-def _copy_base(base: Path, folder: Path, beside: bool) -> Path:
+def _copy_base(base: Path, folder: Path, beside: bool, name: str = RUN_FOLDER) -> Path:
     runs = folder / "runs"
     runs.mkdir(parents=True)
     if beside:
         shutil.copytree(base, runs / GOOD_FOLDER)
-    return Path(shutil.copytree(base, runs / RUN_FOLDER))
+    return Path(shutil.copytree(base, runs / name))
 
 
 # ---------------------------------------------------------------- damages

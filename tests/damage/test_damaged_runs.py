@@ -12,20 +12,43 @@ pytest.importorskip("starlette")
 
 import classify
 import corpus
+import damage_session
+import hostile_cases
+
+# A case of each kind of hostile_cases read in this process; the others, and those read in a
+# process of their own (bounded in memory, or as another user: seconds to start each), are the
+# benchmark's (benchmarks/damage.py), and tests/store/test_store_special_files.py and
+# test_store_permissions.py try those kinds.
+HOSTILE = (
+    "fifo-run.json",
+    "calls-device-null",
+    "stats-segment-corrupt-pages",
+    "folder-named-a?",
+    "escapes-in-module-name",
+)
 
 
 @pytest.fixture(scope="session")
-def classifier(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("damage")
-    return classify.Classifier(corpus.make_bases(folder / "bases"), folder)
+def classifier(tmp_path_factory, request):
+    return damage_session.classifier(tmp_path_factory, request)
 
 
-@pytest.mark.parametrize("case", corpus.CASES, ids=lambda case: case.name)
+@pytest.mark.parametrize(
+    "case",
+    [*corpus.CASES, *(case for case in hostile_cases.CASES if case.name in HOSTILE)],
+    ids=lambda case: case.name,
+)
 def test_every_reader_names_what_it_cannot_read(classifier, case):
     outcomes = classifier.outcomes(case)
     assert [outcome.reader for outcome in outcomes] == list(classify.READERS)
     bad = [outcome for outcome in outcomes if outcome.outcome in classify.BAD]
     assert not bad, "\n".join(f"{o.reader}: {o.outcome}: {o.detail}" for o in bad)
+
+
+def test_the_hostile_cases_tried_here_are_some_of_the_corpus():
+    assert set(HOSTILE) < {case.name for case in hostile_cases.CASES}
+    kinds = {case.family for case in hostile_cases.CASES}
+    assert kinds == {"pipes", "devices", "pages", "permissions", "paths", "escapes"}
 
 
 def test_the_corpus_is_large_and_names_its_files():

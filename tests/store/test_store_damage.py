@@ -189,7 +189,7 @@ def test_another_ranks_rows_in_a_rank_directory_are_left_out(run_dir):
     for name in ("run.json", "modules.json", "stats"):
         source = run_dir / name
         (shutil.copytree if source.is_dir() else shutil.copy)(source, rank_dir / name)
-    edit_json(rank_dir / "run.json", lambda meta: meta.update(rank=1))
+    edit_json(rank_dir / "run.json", lambda meta: meta.update(rank=1, world_size=2))
     run, stats = quietly_load(run_dir)
     assert set(stats["rank"]) == {0}
     reasons = {path: reason for path, reason in run.skipped.items() if "rank-00001" in path}

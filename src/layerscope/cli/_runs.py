@@ -91,7 +91,7 @@ def _alert_count(path: str) -> str:
 
     try:
         return str(len(load(path).alerts))
-    except (OSError, ValueError):  # removed or damaged since it was listed
+    except Exception:  # removed or damaged since it was listed: one run's, not the listing's
         return _format.MISSING
 
 

@@ -1,10 +1,11 @@
 """The JSON files of a run, parsed and checked field by field as they are read.
 
-Every field a reader uses is checked against its type here, once, so that nothing after a load
-meets a string where it counts on a number: a wrong field is a ``RunFileError`` naming the file
-and the field. Names that become SQL identifiers (the statistics' columns) must also be ones
-layerscope writes: built-in statistics, or custom ones that are plain identifiers. Fields a
-reader does not use are kept as they are.
+Every field is checked against its declaration in ``_file_schema`` (type and range), at every
+depth, once, so that nothing after a load meets a string where it counts on a number, an
+infinite time or a step no table can hold: a wrong field is a ``RunFileError`` naming the
+file and the field. Names that become SQL identifiers (the statistics' columns) must also be
+ones layerscope writes: built-in statistics, or custom ones that are plain identifiers.
+Fields the schema does not name are kept as they are.
 """
 
 from __future__ import annotations
@@ -12,112 +13,121 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Callable
+import re
 from typing import Any
 
 from layerscope.model import ModuleInfo
-from layerscope.stats import BUILTIN_STATS, LOG2_BINS, is_custom_stat_name
+from layerscope.stats import LOG2_BINS, LinearHistogram
 from layerscope.store._damage import RunFileError
+from layerscope.store._file_schema import (
+    INT64_MAX,
+    MAX_NESTING,
+    MODULES,
+    RUN_META,
+    Integer,
+    ListOf,
+    MappingOf,
+    OneOf,
+    Record,
+    Spec,
+)
 from layerscope.store._layout import SCHEMA_VERSION
 
-STATUSES = ("running", "finished", "failed", "crashed")
-_COUNTS = (
-    "steps",
-    "recorded_rows",
-    "written_rows",
-    "dropped_rows",
-    "written_scalars",
-    "dropped_scalars",
-    "failures",
-)
-_LAST_STEPS = (
-    "stats_last_step",
-    "scalars_last_step",
-    "alerts_last_step",
-    "attention_last_step",
-)
-_TIMES = ("started", "ended", "updated", "heartbeat_seconds", "cost_seconds", "writer_seconds")
-_TEXTS = ("id", "name", "user", "host", "kernel")
+# A JSON string, escapes and all: brackets inside one are no nesting.
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# +1 for an opening bracket, -1 for a closing one, by byte.
+_DEPTH_STEP = [0] * 256
+for _byte in b"[{":
+    _DEPTH_STEP[_byte] = 1
+for _byte in b"]}":
+    _DEPTH_STEP[_byte] = -1
+_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
 
 
 def parse_json(path: str, payload: bytes) -> Any:
-    """``payload`` (the bytes of the file at ``path``) as JSON, or a RunFileError naming it."""
+    """``payload`` (the bytes of the file at ``path``) as JSON, or a RunFileError naming it.
+
+    A file nested deeper than any layerscope writes is refused before it is parsed: Python's
+    parser recurses once a level, and 100,000 levels would raise a RecursionError (or, with
+    a raised recursion limit, overflow the C stack).
+    """
     if not payload.strip():
         raise RunFileError(path, "the file is empty")
     try:
-        return json.loads(payload.decode("utf-8"))
+        text = payload.decode("utf-8")
     except UnicodeDecodeError as error:
         raise RunFileError(path, f"not UTF-8 text (byte {error.start})") from None
+    if nested_deeper(payload, MAX_NESTING):
+        raise RunFileError(path, f"nested more than {MAX_NESTING} levels deep")
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as error:
         raise RunFileError(path, f"not JSON ({error.msg} at line {error.lineno})") from None
+    except (ValueError, RecursionError) as error:  # a number of over 4,300 digits
+        raise RunFileError(path, f"not JSON a reader can take ({error})") from None
+
+
+def nested_deeper(payload: bytes, levels: int) -> bool:
+    """Whether the arrays and objects of a JSON text go deeper than ``levels``.
+
+    Brackets in strings are no nesting; the count stops at the first bracket too deep.
+
+    Examples:
+        >>> text = b'{"a": [1, {"b": "[[[[["}]}'
+        >>> nested_deeper(text, 2), nested_deeper(text, 3)
+        (True, False)
+    """
+    depth = 0
+    for byte in _STRING.sub(b"", payload).translate(None, _NOT_BRACKETS):
+        depth += _DEPTH_STEP[byte]
+        if depth > levels:
+            return True
+    return False
 
 
 def check_run_meta(path: str, meta: Any) -> dict[str, Any]:
-    """``run.json``'s contents, each field a reader uses checked; a RunFileError otherwise.
+    """``run.json``'s contents, every field checked; a RunFileError otherwise.
 
     Args:
         path: the file, for the error.
         meta: its parsed JSON.
     """
-    field = _Fields(path)
     if not isinstance(meta, dict):
         raise RunFileError(path, f"expected a JSON object, got {_shown(meta)}")
-    schema = meta.get("schema", 1)
-    field.check("schema", schema, _is_count(minimum=1), "an integer >= 1")
-    if schema > SCHEMA_VERSION:
+    # First: a newer layerscope's run may hold other fields, and should say so.
+    _check(path, RUN_META.fields["schema"].spec, meta.get("schema", 1), "schema")
+    if meta.get("schema", 1) > SCHEMA_VERSION:
         raise RunFileError(
             path,
-            f"written by a newer layerscope (schema {schema}); this one reads up to schema "
-            f"{SCHEMA_VERSION}",
+            f"written by a newer layerscope (schema {meta['schema']}); this one reads up to "
+            f"schema {SCHEMA_VERSION}",
         )
-    for name in _TEXTS:
-        field.optional(name, meta, _is_text, "a string")
-    field.optional("status", meta, lambda value: value in STATUSES, f"one of {STATUSES}")
-    for name in _TIMES:
-        field.optional(name, meta, _is_number, "a number")
-    for name in _COUNTS:
-        field.optional(name, meta, _is_count(), "an integer >= 0")
-    for name in _LAST_STEPS:
-        field.optional(name, meta, _is_count(), "an integer >= 0")
-    field.optional("rank", meta, _is_count(), "an integer >= 0")
-    field.optional("world_size", meta, _is_count(minimum=1), "an integer >= 1")
-    field.optional("pid", meta, _is_count(), "an integer >= 0")
-    field.optional("versions", meta, _is_mapping_of(_is_text), "an object of strings")
-    field.optional("argv", meta, _is_list_of(_is_text), "a list of strings")
-    config = meta.get("config")
-    if config is not None:
-        _check_config(field, config)
+    _check(path, RUN_META, meta, "")
+    rank, world_size = meta.get("rank"), meta.get("world_size")
+    if rank is not None and world_size is not None and rank >= world_size:
+        raise RunFileError(
+            path, f"expected a rank below world_size {world_size}, got {rank}", "rank"
+        )
+    config = meta.get("config") or {}
+    histogram = config.get("histogram")
+    if isinstance(histogram, dict) and histogram["kind"] == "linear":
+        _check_linear(path, histogram)
     edges = meta.get("histogram_edges")
     if edges is not None:
-        _check_edges(field, edges, (config or {}).get("histogram"))
+        _check_edges(path, edges, histogram)
     return meta
 
 
 def check_modules(path: str, entries: Any) -> list[ModuleInfo]:
     """``modules.json``'s entries as the module tree; a RunFileError naming a wrong field."""
-    field = _Fields(path)
     if not isinstance(entries, list):
         raise RunFileError(path, f"expected a JSON list of modules, got {_shown(entries)}")
+    _check(path, MODULES, entries, "")
     tree = []
     seen: set[str] = set()
     for index, entry in enumerate(entries):
-        where = f"[{index}]"
-        if not isinstance(entry, dict):
-            raise RunFileError(path, f"expected an object, got {_shown(entry)}", where)
-        for name, test, expected in (
-            ("name", _is_text, "a string"),
-            ("type", _is_text, "a string"),
-            ("parameters", _is_mapping_of(_is_list_of(_is_count())), "an object of shapes"),
-            ("num_parameters", _is_count(), "an integer >= 0"),
-            ("num_parameters_total", _is_count(), "an integer >= 0"),
-            ("children", _is_list_of(_is_text), "a list of strings"),
-            ("watched", _is_bool, "true or false"),
-        ):
-            if name not in entry:
-                raise RunFileError(path, "missing", f"{where}.{name}")
-            field.check(f"{where}.{name}", entry[name], test, expected)
         if entry["name"] in seen:
-            raise RunFileError(path, f"{entry['name']!r} is listed twice", f"{where}.name")
+            raise RunFileError(path, f"{entry['name']!r} is listed twice", f"[{index}].name")
         seen.add(entry["name"])
         tree.append(
             ModuleInfo(
@@ -134,115 +144,108 @@ def check_modules(path: str, entries: Any) -> list[ModuleInfo]:
 
 
 def histogram_slots(histogram: Any) -> int | None:
-    """How many slots a run's ``config.histogram`` makes; None where it does not say."""
+    """How many slots a run's checked ``config.histogram`` makes; None where it has none."""
     if not isinstance(histogram, dict):
         return None
     if histogram.get("kind") == "log2":
         return LOG2_BINS
-    if histogram.get("kind") == "linear" and _is_count(minimum=1)(histogram.get("bins")):
-        return int(histogram["bins"]) + 2
+    return int(histogram["bins"]) + 2
+
+
+def _check(path: str, spec: Spec, value: Any, where: str) -> None:
+    """``value``, at ``where`` in the file, checked against ``spec`` and all it holds."""
+    if isinstance(spec, Record):
+        if not isinstance(value, dict):
+            raise RunFileError(path, f"expected {spec.expected}, got {_shown(value)}", where)
+        for name, field in spec.fields.items():
+            inner = _join(where, name)
+            if name not in value:
+                if field.required:
+                    raise RunFileError(path, "missing", inner)
+                continue
+            if value[name] is None and field.null:
+                continue
+            _check(path, field.spec, value[name], inner)
+    elif isinstance(spec, ListOf):
+        if not isinstance(value, list) or len(value) < spec.min_length:
+            raise RunFileError(path, f"expected {spec.expected}, got {_shown(value)}", where)
+        # A list of plain values (256 edges, a shape) is checked item by item without a call
+        # a level: the naming call is only for the item refused.
+        accepts = getattr(spec.item, "accepts", None)
+        for index, item in enumerate(value):
+            if accepts is None or not accepts(item):
+                _check(path, spec.item, item, f"{where}[{index}]")
+    elif isinstance(spec, MappingOf):
+        if not isinstance(value, dict):
+            raise RunFileError(path, f"expected {spec.expected}, got {_shown(value)}", where)
+        for key, item in value.items():
+            _check(path, spec.value, item, _join(where, key))
+    elif isinstance(spec, OneOf):
+        option = _option(spec, value)
+        if option is None:
+            raise RunFileError(path, f"expected {spec.expected}, got {_shown(value)}", where)
+        _check(path, option, value, where)
+    elif not spec.accepts(value):
+        expected = spec.expected
+        if isinstance(spec, Integer) and _over(value, spec.high):
+            expected = f"an integer <= {spec.high}" + (" (2**63 - 1)" * (spec.high == INT64_MAX))
+        raise RunFileError(path, f"expected {expected}, got {_shown(value)}", where)
+
+
+def _option(spec: OneOf, value: Any) -> Spec | None:
+    """The option of ``spec`` that ``value`` is meant as: a record by its tag, else any taker."""
+    for option in spec.options:
+        if isinstance(option, Record):
+            tag = option.tag
+            if tag is not None and isinstance(value, dict) and value.get(tag[0]) == tag[1]:
+                return option
+        elif not isinstance(option, ListOf | MappingOf | OneOf) and option.accepts(value):
+            return option
     return None
 
 
-def _check_config(field: _Fields, config: Any) -> None:
-    field.check("config", config, lambda value: isinstance(value, dict), "an object")
-    known = set(BUILTIN_STATS)
-    field.optional(
-        "stats",
-        config,
-        _is_list_of(lambda name: name in known),
-        f"a list of built-in statistics ({', '.join(BUILTIN_STATS)})",
-        prefix="config.",
-    )
-    field.optional(
-        "custom_stats",
-        config,
-        _is_list_of(is_custom_stat_name),
-        "a list of identifiers",
-        prefix="config.",
-    )
-    for name in ("capture", "include", "exclude", "types"):
-        field.optional(name, config, _is_list_of(_is_text), "a list of strings", prefix="config.")
-    field.optional("ranks", config, _is_text, "a string", prefix="config.")
-    field.optional("start_step", config, _is_count(), "an integer >= 0", prefix="config.")
-    histogram = config.get("histogram")
-    if histogram is not None and histogram_slots(histogram) is None:
+def _over(value: Any, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > high
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def _check_linear(path: str, histogram: dict[str, Any]) -> None:
+    """A linear histogram's bounds as ``watch()`` takes them: finite, lo < hi, bins > 0 wide."""
+    try:
+        LinearHistogram(histogram["lo"], histogram["hi"], histogram["bins"])
+    except ValueError as error:
         raise RunFileError(
-            field.path,
-            f'expected {{"kind": "log2"}} or {{"kind": "linear", "bins": N}}, '
-            f"got {_shown(histogram)}",
-            "config.histogram",
+            path, str(error).removeprefix("histogram: "), "config.histogram"
+        ) from None
+
+
+def _check_edges(path: str, edges: list[Any], histogram: Any) -> None:
+    """Edges in order, finite but for the outermost ones, one for each slot of the histogram.
+
+    A linear histogram's first slot starts at -inf, a log2 one's last at +inf: the other
+    edges are finite, or a slot has no width to draw.
+    """
+    inner = [edges[0] != math.inf, *map(math.isfinite, edges[1:-1]), edges[-1] != -math.inf]
+    if not all(inner):
+        index = inner.index(False)
+        raise RunFileError(
+            path,
+            f"expected finite edges but for -inf first and +inf last, got {edges[index]} at "
+            f"[{index}]",
+            "histogram_edges",
         )
-
-
-def _check_edges(field: _Fields, edges: Any, histogram: Any) -> None:
-    field.check(
-        "histogram_edges",
-        edges,
-        lambda value: _is_list_of(_is_number)(value) and len(value) >= 2,
-        "a list of at least two numbers",
-    )
     if any(b < a for a, b in itertools.pairwise(edges)):
-        raise RunFileError(field.path, "expected increasing edges", "histogram_edges")
+        raise RunFileError(path, "expected increasing edges", "histogram_edges")
     slots = histogram_slots(histogram)
     if slots is not None and len(edges) != slots:
         raise RunFileError(
-            field.path,
+            path,
             f"expected {slots} edges for config.histogram {histogram}, got {len(edges)}",
             "histogram_edges",
         )
-
-
-class _Fields:
-    """Checks of one file's fields, each failure a RunFileError naming file and field."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def check(self, name: str, value: Any, test: Callable[[Any], bool], expected: str) -> None:
-        if not test(value):
-            raise RunFileError(self.path, f"expected {expected}, got {_shown(value)}", name)
-
-    def optional(
-        self,
-        name: str,
-        holder: dict[str, Any],
-        test: Callable[[Any], bool],
-        expected: str,
-        prefix: str = "",
-    ) -> None:
-        """Check ``holder[name]`` if it is there and not null: older runs lack some fields."""
-        value = holder.get(name)
-        if value is not None:
-            self.check(prefix + name, value, test, expected)
-
-
-def _is_text(value: Any) -> bool:
-    return isinstance(value, str)
-
-
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    """An int or a float, not a bool; infinities pass (histogram edges have them), NaN not."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
-
-
-def _is_count(minimum: int = 0) -> Callable[[Any], bool]:
-    return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def _is_list_of(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda value: isinstance(value, list) and all(test(item) for item in value)
-
-
-def _is_mapping_of(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda value: (
-        isinstance(value, dict)
-        and all(isinstance(key, str) and test(item) for key, item in value.items())
-    )
 
 
 def _shown(value: Any) -> str:

@@ -20,6 +20,7 @@ from layerscope.store._layout import (
     segment_range,
 )
 from layerscope.store._reader import Run
+from layerscope.store.locations import ListedFolder, location_filesystem
 
 if TYPE_CHECKING:
     import pandas
@@ -65,15 +66,16 @@ def run_folders(root: str | os.PathLike[str]) -> list[tuple[str, str]]:
     """(name, location) of each folder directly under ``root`` that holds a run.
 
     A run is a folder with a ``run.json`` of its own or of a rank's, or one whose ``run.json``
-    was lost but that holds a run's other files: the listing names it as unreadable.
+    was lost but that holds a run's other files: the listing names it as unreadable. A
+    location on another filesystem is its URL, a ``ListedFolder`` that opens where it was
+    found, whatever its name (``a::b`` reads as no fsspec chain).
 
     Raises:
         TypeError, FileNotFoundError, NotADirectoryError: as ``runs``.
     """
     if not isinstance(root, str | os.PathLike):
         raise TypeError(f"root: expected the path or URL of a folder, got {type(root).__name__}")
-    fsspec = require("fsspec", "dataframe")
-    fs, base = fsspec.core.url_to_fs(os.fspath(root))
+    fs, base = location_filesystem(root)  # a path, never a pattern or an fsspec chain
     if not fs.exists(base):
         raise FileNotFoundError(f"root: no folder at {os.fspath(root)}")
     if not fs.isdir(base):
@@ -85,7 +87,8 @@ def run_folders(root: str | os.PathLike[str]) -> list[tuple[str, str]]:
         if not holds_run(fs, directory):
             continue
         name = directory.rsplit("/", 1)[-1]
-        folders.append((name, entry if local else f"{os.fspath(root).rstrip('/')}/{name}"))
+        url = f"{os.fspath(root).rstrip('/')}/{name}"  # shown; opened where it was found
+        folders.append((name, entry if local else ListedFolder(url, fs, directory)))
     return folders
 
 
@@ -98,29 +101,39 @@ def run_row(location: str, name: str, within: Path | None = None) -> dict[str, A
     rank = directory_rank(name)
     try:
         meta = Run(location, within=within).meta
-    except (OSError, ValueError) as error:
+        if rank is not None and meta.get("rank") == rank:
+            return None
+        return {
+            "name": meta.get("name"),
+            "path": location,
+            "status": meta.get("status"),
+            "steps": meta.get("steps"),
+            "ranks": len(meta["ranks"]),
+            "started": meta.get("started"),
+            "ended": meta.get("ended"),
+            "error": None,
+        }
+    # Any error at all: one run that cannot be read is its own row, never the folder's failure.
+    except Exception as error:
         if rank is not None:
             return None  # a rank's own run.json: the reader of its run names it
-        missing = isinstance(error, FileNotFoundError)  # a run's files, but no run.json
         return {
             **dict.fromkeys(COLUMNS),
             "name": name,
             "path": location,
             "status": UNREADABLE,
-            "error": f"{location}/{RUN_FILE}: {MISSING}" if missing else str(error),
+            "error": unreadable_reason(location, error),
         }
-    if rank is not None and meta.get("rank") == rank:
-        return None
-    return {
-        "name": meta.get("name"),
-        "path": location,
-        "status": meta.get("status"),
-        "steps": meta.get("steps"),
-        "ranks": len(meta["ranks"]),
-        "started": meta.get("started"),
-        "ended": meta.get("ended"),
-        "error": None,
-    }
+
+
+def unreadable_reason(location: str, error: Exception) -> str:
+    """Why the run at ``location`` cannot be read, as its row in the listing says it."""
+    if isinstance(error, FileNotFoundError):  # a run's files, but no run.json
+        return f"{location}/{RUN_FILE}: {MISSING}"
+    if isinstance(error, OSError | ValueError):  # RunFileError names the file and field
+        return str(error)
+    first = next(iter(str(error).splitlines()), "")
+    return f"{location}: cannot be read: {type(error).__name__}: {first}".rstrip(": ")
 
 
 def holds_run(fs: Any, directory: str) -> bool:

@@ -17,6 +17,8 @@ _MIN_SILENCE_SECONDS = 60.0
 _HEARTBEATS_MISSED = 10
 # The order in which ranks' statuses win the run's: one rank that crashed makes a crashed run.
 _STATUS_ORDER = ("crashed", "failed", "running")
+# The largest pid POSIX's pid_t (a signed 32-bit int) holds.
+_PID_MAX = 2**31 - 1
 
 
 def combine_metas(metas: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -58,13 +60,20 @@ def _status(meta: dict[str, Any]) -> str:
         silence = max(_MIN_SILENCE_SECONDS, _HEARTBEATS_MISSED * beat)
         if time.time() - updated > silence:
             return "crashed"
-    if meta.get("host") != socket.gethostname():
+    pid = meta.get("pid")
+    # Only a pid this host's pid_t holds is asked about: a larger one (a Windows host's, one
+    # of a damaged file) names no process here, and os.kill would raise OverflowError.
+    if (
+        meta.get("host") != socket.gethostname()
+        or not isinstance(pid, int)
+        or not 0 < pid <= _PID_MAX
+    ):
         return status
     try:
-        os.kill(int(meta["pid"]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return "crashed"
-    except (PermissionError, KeyError, TypeError, ValueError):
+    except (OSError, OverflowError):  # another user's process (EPERM): it lives
         pass
     return status
 
