@@ -4,22 +4,34 @@ A run writes a batch of records at the end of each step that kept some, as
 ``tensors/part-000001.safetensors``; each file says in its own metadata which record each
 tensor is, so files are written once and never rewritten, and a run that stopped half-way
 leaves every part it finished readable. Nothing is pickled.
+
+Parts are read as input from anywhere: one that is damaged (truncated, garbage, records its
+header does not describe, not a regular file) is left out with a warning naming it and why,
+as a run's damaged segments are, and the other parts are read.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from torch import Tensor
 
+from layerscope._errors import LayerscopeWarning
 from layerscope._imports import require
 from layerscope.tensors._records import METADATA, Record, is_compact
 
 DIRECTORY = "tensors"
 _PART = re.compile(r"^part-(\d{6,})\.safetensors$")
+# The type of each field a part's record gives (bool is no int here).
+_FIELD_TYPES = {name: int if name in ("step", "call", "count") else str for name in METADATA}
+
+
+class _PartError(ValueError):
+    """A part that cannot be read: why."""
 
 
 def part_name(number: int) -> str:
@@ -48,20 +60,37 @@ def part_bytes(records: Sequence[Record]) -> bytes:
     return payload
 
 
-def read_parts(fs: Any, directory: str, device: str = "cpu") -> list[Record]:
-    """Every record in the parts under ``directory`` (an fsspec path), in the order written."""
+def read_parts(
+    fs: Any, directory: str, device: str = "cpu", skipped: dict[str, str] | None = None
+) -> list[Record]:
+    """Every record in the parts under ``directory`` (an fsspec path), in the order written.
+
+    A part that cannot be read is left out with a ``LayerscopeWarning`` naming it and why;
+    the other parts' records are read.
+
+    Args:
+        fs: the fsspec filesystem.
+        directory: the parts' folder.
+        device: where the values go.
+        skipped: if given, gets the path of each part left out, and why.
+    """
     safetensors_torch = require("safetensors.torch", "capture")
     try:
         names = [path.rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(directory, detail=False)]
     except FileNotFoundError:
         return []
+    except OSError as error:  # a folder this user may not read, say
+        _skip(directory, f"{type(error).__name__}: {error.strerror or error}", skipped)
+        return []
     numbered = [(int(match.group(1)), name) for name in names if (match := _PART.match(name))]
     parts = [name for _, name in sorted(numbered)]
     records = []
     for name in parts:
-        with fs.open(f"{directory}/{name}", "rb") as file:
-            payload = file.read()
-        records.extend(_records(payload, safetensors_torch, device))
+        path = f"{directory}/{name}"
+        try:
+            records.extend(_part_records(fs, path, safetensors_torch, device))
+        except _PartError as error:
+            _skip(path, str(error), skipped)
     return records
 
 
@@ -74,15 +103,58 @@ def is_parts_directory(fs: Any, directory: str) -> bool:
     return any(_PART.match(str(name).rstrip("/").rsplit("/", 1)[-1]) for name in names)
 
 
-def _records(payload: bytes, safetensors_torch: Any, device: str) -> list[Record]:
-    values = safetensors_torch.load(payload)
-    header_length = int.from_bytes(payload[:8], "little")
-    header = json.loads(payload[8 : 8 + header_length])
-    entries = json.loads(header.get("__metadata__", {}).get("records", "[]"))
-    return [
-        Record(
-            **{name: entry[name] for name in METADATA},
-            value=values[entry["key"]].to(device),
-        )
-        for entry in entries
-    ]
+def _skip(path: str, reason: str, skipped: dict[str, str] | None) -> None:
+    warnings.warn(
+        f"layerscope: skipped {path}, which cannot be read ({reason})",
+        LayerscopeWarning,
+        stacklevel=3,
+    )
+    if skipped is not None:
+        skipped[path] = reason
+
+
+def _part_records(fs: Any, path: str, safetensors_torch: Any, device: str) -> list[Record]:
+    """The records of the part at ``path``.
+
+    Raises:
+        _PartError: it cannot be read, or is not a part as ``part_bytes`` writes one.
+    """
+    safetensors = require("safetensors", "capture")
+    try:
+        kind = fs.info(path).get("type")
+        if kind != "file":  # a FIFO would block the reader, a device never end
+            raise _PartError(
+                "a folder, not a file" if kind == "directory" else "not a regular file"
+            )
+        with fs.open(path, "rb") as file:
+            payload = file.read()
+    except OSError as error:  # vanished, or this user may not read it
+        raise _PartError(f"{type(error).__name__}: {error.strerror or error}") from None
+    try:
+        values = safetensors_torch.load(payload)
+    except safetensors.SafetensorError as error:
+        raise _PartError(f"not a safetensors file: {error}") from None
+    # A header safetensors read: 8 bytes of its length, then JSON.
+    header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
+    try:
+        entries = json.loads((header.get("__metadata__") or {}).get("records", "[]"))
+    except ValueError:
+        raise _PartError("its records' description is not JSON") from None
+    if not isinstance(entries, list):
+        raise _PartError("its records' description is not a list")
+    return [_record(entry, number, values, device) for number, entry in enumerate(entries)]
+
+
+def _record(entry: Any, number: int, values: dict[str, Tensor], device: str) -> Record:
+    """Record ``number`` of a part, as its description ``entry`` says, its value from ``values``."""
+    if not isinstance(entry, dict):
+        raise _PartError(f"record {number}: expected an object, got {type(entry).__name__}")
+    for name, kind in _FIELD_TYPES.items():
+        value = entry.get(name)
+        if type(value) is not kind:
+            expected = "an integer" if kind is int else "a string"
+            raise _PartError(f"record {number}: {name}: expected {expected}, got {value!r:.40}")
+    key = entry.get("key")
+    if not isinstance(key, str) or key not in values:
+        raise _PartError(f"record {number}: key: no tensor {key!r:.40} in the file")
+    return Record(**{name: entry[name] for name in METADATA}, value=values[key].to(device))

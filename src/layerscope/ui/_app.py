@@ -11,8 +11,18 @@ Runs are input from anywhere, so no file of a run can make a route fail unanswer
     404  no such run: ``{"error": "no such run"}``
     422  the run's files are damaged: ``{"error": "RUN/run.json: started: expected a number,
          got ...", "file": "RUN/run.json", "field": "started"}`` (``file`` and ``field`` where
-         one is to blame; a file that cannot be read at all says what the reader said)
+         one is to blame; a file that cannot be read at all, one this user may not read, says
+         what the reader said)
+    503  the run's files took too long to read: ``{"error": "RUN: timed out: ...", "run":
+         "RUN"}``, with ``Retry-After`` (``run`` null for the list of runs); or the server is
+         stopping
     500  anything else, a bug: ``{"error": "internal error"}``, the traceback in the log
+
+The work on a run runs in threads of its own, a few at once per run, and a request waits for
+it ``DEADLINE`` seconds at most (see ``_run_threads``): a run whose files never finish reading
+(a named pipe, a filesystem that stopped answering) is that run's 503, never the server's
+hang. The page, its files and the list of runs are served meanwhile; in the list, such a run
+is ``unreadable``, its ``error`` saying it timed out.
 
 An answer read with files left out (a damaged segment, a copy of one) says which and why:
 ``"skipped": [{"file": "RUN/stats/seg-000002.parquet", "reason": "..."}]``. Files are named
@@ -35,12 +45,14 @@ in the figures, ``columns`` caps the columns of steps)::
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
+import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -48,25 +60,23 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from layerscope._imports import require
 from layerscope.store import Run, RunFileError
 from layerscope.ui import _assets, _attention, _distributions, _heatmap, _overview
 from layerscope.ui._catalog import RunCatalog, UnknownRunError
+from layerscope.ui._guard import CONTENT_SECURITY_POLICY as CONTENT_SECURITY_POLICY
+from layerscope.ui._guard import Guard
 from layerscope.ui._query import MAX_COLUMNS, Selection, bucket_width
+from layerscope.ui._run_threads import DEADLINE, PER_RUN, RunThreads, RunTimeoutError
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-# The page's own scripts and styles; Plotly adds <style> elements, hence 'unsafe-inline'
-# for styles (never for scripts).
-CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; connect-src 'self'; font-src 'self' data:; "
-    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-)
 _MAX_COLUMNS_ASKED = 5000
-# A slash, a backslash or NUL written as %xx in a URL's path.
-_ENCODED_SEPARATORS = (b"%2f", b"%5c", b"%00")
+# The work of listing the folder itself, apart from every run's (no run has this name).
+_FOLDER = "/"
+# Runs whose entries in the list are read at once: a folder of a thousand runs is not a
+# thousand threads.
+_LISTED_AT_ONCE = 16
 
 Handler = Callable[[Request], Any]
 _log = logging.getLogger("layerscope.ui")
@@ -80,7 +90,13 @@ class JSONError(Exception):
         self.status = status
 
 
-def create_app(root: str | os.PathLike[str], *, host: str = "127.0.0.1") -> Starlette:
+def create_app(
+    root: str | os.PathLike[str],
+    *,
+    host: str = "127.0.0.1",
+    deadline: float = DEADLINE,
+    per_run: int = PER_RUN,
+) -> Starlette:
     """The dashboard of the runs directly under ``root``.
 
     Args:
@@ -88,19 +104,51 @@ def create_app(root: str | os.PathLike[str], *, host: str = "127.0.0.1") -> Star
         host: the address the server binds; a loopback one also makes the app answer only
             requests addressed to a loopback name, so a web page elsewhere cannot reach it by
             DNS rebinding.
+        deadline: seconds a request waits for the work on its run before it is answered 503.
+        per_run: threads that may work for one run at once.
 
     Raises:
         FileNotFoundError: ``root`` is not a folder.
+        ValueError: ``deadline`` or ``per_run`` is not positive.
     """
     catalog = RunCatalog(root)
     cache = AnswerCache()
     unreadable = _reading_errors()
+    threads = RunThreads(deadline, per_run)
 
-    def api(handler: Handler) -> Callable[[Request], Response]:
-        return _json(handler, catalog, unreadable)
+    def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        return _json(handler, catalog, unreadable, threads)
 
-    def runs(request: Request) -> dict[str, Any]:
-        return {"root": catalog.root.name, "runs": catalog.listing()}
+    def survey() -> list[tuple[str, str, tuple[bool, dict[str, Any] | None]]]:
+        """Each run's name, location and kept entry: a stat of each run's files, no read."""
+        return [(name, place, catalog.kept_entry(name)) for name, place in catalog.folders()]
+
+    async def runs(request: Request) -> Response:
+        return await _answered(request, None, listing(), threads.deadline)
+
+    async def listing() -> Response:
+        # The folder surveyed in one piece of work; each run that changed read in its own.
+        try:
+            surveyed = await threads.call(_FOLDER, survey)
+        except RunTimeoutError as error:
+            raise RunTimeoutError("the folder of runs", error.reason) from None
+        at_once = asyncio.Semaphore(_LISTED_AT_ONCE)
+
+        async def entry(name: str, location: str) -> dict[str, Any] | None:
+            async with at_once:
+                try:
+                    return await threads.call(name, lambda: catalog.entry(name, location))
+                except RunTimeoutError as error:
+                    return catalog.timed_out(name, error.reason)
+
+        listed = await asyncio.gather(
+            *(
+                _given(kept) if unchanged else entry(name, location)
+                for name, location, (unchanged, kept) in surveyed
+            )
+        )
+        entries = [listed_entry for listed_entry in listed if listed_entry is not None]
+        return JSONResponse({"root": catalog.root.name, "runs": entries})
 
     def summary(request: Request) -> dict[str, Any]:
         name = request.path_params["run"]
@@ -156,7 +204,7 @@ def create_app(root: str | os.PathLike[str], *, host: str = "127.0.0.1") -> Star
     routes = [
         Route("/", _page, methods=["GET"]),
         Route("/static/{file}", _static, methods=["GET"]),
-        Route("/api/runs", api(runs), methods=["GET"]),
+        Route("/api/runs", runs, methods=["GET"]),
         Route("/api/runs/{run}", api(summary), methods=["GET"]),
         *(
             Route(f"/api/runs/{{run}}/{name}", api(handler), methods=["GET"])
@@ -215,11 +263,22 @@ def _chart(catalog: RunCatalog, request: Request) -> tuple[Run, Selection, int, 
 
 
 def _json(
-    handler: Handler, catalog: RunCatalog, unreadable: tuple[type[Exception], ...]
-) -> Callable[[Request], Response]:
-    """``handler``'s result as JSON; its errors as 400, 404 or 422 (see the module's doc)."""
+    handler: Handler,
+    catalog: RunCatalog,
+    unreadable: tuple[type[Exception], ...],
+    threads: RunThreads,
+) -> Callable[[Request], Awaitable[Response]]:
+    """``handler``'s result as JSON; its errors as 400, 404, 422 or 503 (see the module's doc).
 
-    def endpoint(request: Request) -> Response:
+    The handler runs in a thread of its run's (``threads``), its answer encoded there too.
+    """
+
+    async def endpoint(request: Request) -> Response:
+        name = request.path_params["run"]
+        work = threads.call(name, lambda: answer(request))
+        return await _answered(request, name, work, threads.deadline)
+
+    def answer(request: Request) -> Response:
         try:
             return JSONResponse(handler(request))
         except UnknownRunError:
@@ -234,8 +293,28 @@ def _json(
         except ValueError as error:  # an unknown kind, statistic, module: the argument named
             return JSONResponse({"error": str(error)}, status_code=400)
 
-    # Starlette runs a plain function in its thread pool: DuckDB queries do not block the loop.
     return endpoint
+
+
+async def _given(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``entry`` as the entries still to read are given: awaited."""
+    return entry
+
+
+async def _answered(
+    request: Request, run: str | None, work: Awaitable[Response], deadline: float
+) -> Response:
+    """``work``'s answer; a 503 where it took too long or the server stopped, naming ``run``."""
+    try:
+        return await work
+    except RunTimeoutError as error:
+        _log.warning("%s: %s", request.url.path, error)
+        retry = str(math.ceil(deadline))
+        return JSONResponse(
+            {"error": str(error), "run": run}, status_code=503, headers={"Retry-After": retry}
+        )
+    except asyncio.CancelledError:  # the server is stopping: an answer, not a traceback in its log
+        return JSONResponse({"error": "the server is stopping", "run": run}, status_code=503)
 
 
 def _reading_errors() -> tuple[type[Exception], ...]:
@@ -314,76 +393,3 @@ class AnswerCache:
             while len(self._answers) > self._size:
                 self._answers.popitem(last=False)
         return answer
-
-
-class Guard:
-    """What every request passes first: the host it names, its path; what every answer carries.
-
-    It answers 400 to a request addressed to a host name that is not this server's loopback
-    one (``host_names``; None accepts any), so a page elsewhere whose name resolves to
-    127.0.0.1 (DNS rebinding) reads nothing; and 400 to a path with an encoded slash,
-    backslash or NUL (``%2f``, ``%5c``, ``%00``), which could put a path inside what routing
-    takes for one name. Every answer gets the Content-Security-Policy and no-sniff headers,
-    also the JSON 500 it makes of an exception no route expected (Starlette's own 500 would
-    come from outside this middleware, without them, as plain text).
-    """
-
-    def __init__(self, app: ASGIApp, host_names: set[str] | None) -> None:
-        self.app = app
-        self.host_names = host_names
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def send_with_headers(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                headers = list(message.get("headers", []))
-                headers.append((b"content-security-policy", CONTENT_SECURITY_POLICY.encode()))
-                headers.append((b"x-content-type-options", b"nosniff"))
-                headers.append((b"referrer-policy", b"no-referrer"))
-                message["headers"] = headers
-            await send(message)
-
-        refusal = self._refusal(scope)
-        if refusal is not None:
-            await JSONResponse({"error": refusal}, status_code=400)(
-                scope, receive, send_with_headers
-            )
-            return
-        try:
-            await self.app(scope, receive, send_with_headers)
-        except Exception:
-            if started:
-                raise  # half an answer is out: the server can only drop the connection
-            _log.exception("%s %s failed", scope.get("method"), scope.get("path"))
-            # The message stays in the log: it may name files, or the server's internals.
-            await JSONResponse({"error": "internal error"}, status_code=500)(
-                scope, receive, send_with_headers
-            )
-
-    def _refusal(self, scope: Scope) -> str | None:
-        raw = (scope.get("raw_path") or b"").lower()
-        if any(encoded in raw for encoded in _ENCODED_SEPARATORS):
-            return "no encoded separators in paths"
-        if self.host_names is not None:
-            headers = dict(scope.get("headers") or [])
-            if _host_name(headers.get(b"host", b"").decode("latin-1")) not in self.host_names:
-                return "this server answers requests for its loopback address only"
-        return None
-
-
-def _host_name(header: str) -> str:
-    """The name in a Host header, without its port: ``[::1]:8765`` -> ``::1``.
-
-    Example:
-        >>> _host_name("127.0.0.1:8765"), _host_name("[::1]:8765"), _host_name("localhost")
-        ('127.0.0.1', '::1', 'localhost')
-    """
-    if header.startswith("["):
-        return header[1:].split("]", 1)[0]
-    return header.rsplit(":", 1)[0] if ":" in header else header

@@ -3,8 +3,8 @@
 A name from a URL is never joined to a path before it is checked: it must be one plain folder
 name (no ``..``, no separator, no NUL) whose real location is inside the root, and a run must be
 there. Anything else is ``UnknownRunError``, which the app answers with 404, so a request can read
-no file outside the runs under the root. A run that is there but whose ``run.json`` is damaged
-is a ``RunFileError``, never hidden as a 404.
+no file outside the runs under the root. A run that is there but whose ``run.json`` is damaged,
+or that this user may not read, is a ``RunFileError``, never hidden as a 404.
 
 What the catalog says of a run's files (a damaged one, one left out) names them relative to the
 root: a page never learns where the root is on the server's disk.
@@ -40,15 +40,16 @@ class UnknownRunError(LookupError):
 # What a listed run's row and alert count depend on: (mtime_ns, size, inode) of each file,
 # None for a missing one.
 Stamp = tuple[int, int, int] | None
+Stamps = tuple[tuple[str, Stamp], ...]
 
 
 @dataclass(frozen=True, slots=True)
 class _Listed:
     """A run's entry in the listing, and the state of the files it was read from."""
 
-    run_files: tuple[tuple[str, Stamp], ...]
+    run_files: Stamps
     entry: dict[str, Any] | None  # None: a rank directory of the run at the root
-    alert_files: tuple[tuple[str, Stamp], ...]
+    alert_files: Stamps
     alerts: int | None
 
 
@@ -116,7 +117,9 @@ class RunCatalog:
 
         Raises:
             UnknownRunError: no run is there.
-            RunFileError: its ``run.json`` is damaged.
+            RunFileError: its ``run.json`` is damaged, or the run is there but cannot be read
+                (this user may not read it, say), the file named; any other error of reading
+                it, the run's folder named.
         """
         path = path or self.path(name)
         try:
@@ -127,8 +130,15 @@ class RunCatalog:
             if holds_run(self._fs, str(path)):  # its run.json lost, its other files there
                 raise RunFileError(str(path / RUN_FILE), MISSING) from None
             raise UnknownRunError(name) from error
-        except (OSError, ValueError) as error:
+        except NotADirectoryError as error:
             raise UnknownRunError(name) from error
+        except OSError as error:  # there, but not readable: this user's rights, a failing disk
+            where = error.filename if isinstance(error.filename, str) else str(path / RUN_FILE)
+            raise RunFileError(where, f"cannot be read: {error.strerror or error}") from None
+        except ValueError as error:
+            raise UnknownRunError(name) from error
+        except Exception as error:  # anything else its files cause: this run's 422, not a 500
+            raise RunFileError(str(path), f"cannot be read: {_first_line(error)}") from None
 
     def listing(self) -> list[dict[str, Any]]:
         """Every run under the root: folder name (the URL's), name, status, steps, alerts...
@@ -141,28 +151,33 @@ class RunCatalog:
         unchanged run costs a few ``stat`` calls; a run marked running is read again each
         time, since the time alone can make it crashed.
         """
-        entries = []
-        listed = set()
+        listed = [self.entry(name, location) for name, location in self.folders()]
+        return [entry for entry in listed if entry is not None]
+
+    def folders(self) -> list[tuple[str, str]]:
+        """(name, location) of each run served, as ``listing`` lists them; the removed forgotten.
+
+        ``listing`` is ``entry`` of each: a server may read each run apart, bounded in time.
+        """
+        served = []
         for name, location in run_folders(self.root):
             try:
                 self.path(name)
             except UnknownRunError:
                 continue  # a link to a run elsewhere: not served, so not listed
-            listed.add(name)
-            entry = self._entry(name, location)
-            if entry is not None:
-                entries.append(entry)
+            served.append((name, location))
         with self._lock:  # forget runs removed since
-            for gone in set(self._listed) - listed:
+            for gone in set(self._listed) - {name for name, _ in served}:
                 del self._listed[gone]
-        return entries
+        return served
 
-    def _entry(self, name: str, location: str) -> dict[str, Any] | None:
-        """The listing's entry of the run ``name``, read again only where its files changed."""
-        places = _places(self.root / name)
+    def entry(self, name: str, location: str) -> dict[str, Any] | None:
+        """The listing's entry of the run ``name``, read again only where its files changed.
+
+        None for a rank's directory of the run at the root, which is not a run of its own.
+        """
         # Stamped before reading: a file changed meanwhile is read again at the next listing.
-        run_files = tuple((place, _stamp(os.path.join(place, RUN_FILE))) for place in places)
-        alert_files = tuple(item for place in places for item in _folder_stamps(place, "alerts"))
+        run_files, alert_files = self._stamps(name)
         with self._lock:
             kept = self._listed.get(name)
         if (
@@ -181,12 +196,53 @@ class RunCatalog:
                 alerts = self._alert_count(name)
         with self._lock:
             self._listed[name] = _Listed(run_files, entry, alert_files, alerts)
+        return self._shown(name, entry, alerts)
+
+    def kept_entry(self, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """Whether ``entry(name)`` would read no file now, and the entry it would give then.
+
+        It would not where the run's files are as when it was last listed and it is not marked
+        running. This stats files and reads none: a server may do it for every run at once
+        and read, each apart, only the runs that changed.
+        """
+        with self._lock:
+            kept = self._listed.get(name)
+        if kept is None or (kept.entry is not None and kept.entry["status"] == "running"):
+            return False, None
+        run_files, alert_files = self._stamps(name)
+        unchanged = kept.run_files == run_files and (
+            kept.entry is None
+            or kept.entry["status"] == UNREADABLE
+            or (kept.alert_files == alert_files and kept.alerts is not None)
+        )
+        return unchanged, self._shown(name, kept.entry, kept.alerts) if unchanged else None
+
+    def _stamps(self, name: str) -> tuple[Stamps, Stamps]:
+        """The stamps of the run's ``run.json`` files, and of its alerts' files."""
+        places = _places(self.root / name)
+        run_files = tuple((place, _stamp(os.path.join(place, RUN_FILE))) for place in places)
+        alert_files = tuple(item for place in places for item in _folder_stamps(place, "alerts"))
+        return run_files, alert_files
+
+    def _shown(
+        self, name: str, entry: dict[str, Any] | None, alerts: int | None
+    ) -> dict[str, Any] | None:
         if entry is None:
             return None
         with self._lock:
             opened = self._opened.get(name)
         # The files the run was read without (a rank's, an alerts segment): its counts lack them.
         return self.noted({**entry, "alerts": alerts}, *([opened] if opened else []))
+
+    def timed_out(self, name: str, reason: str) -> dict[str, Any]:
+        """The listing's entry of the run ``name`` whose files took too long to read."""
+        return {
+            "id": name,
+            **dict.fromkeys(("steps", "ranks", "started", "ended", "alerts")),
+            "name": name,
+            "status": UNREADABLE,
+            "error": f"{name}: timed out: {reason}",
+        }
 
     def _entry_of(self, row: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
         if row is None:
@@ -206,8 +262,8 @@ class RunCatalog:
     def _alert_count(self, name: str) -> int | None:
         try:
             return len(self.run(name).alerts)
-        except (UnknownRunError, OSError, ValueError):
-            return None  # removed or damaged since it was listed
+        except Exception:  # removed or damaged since it was listed: this run's, not the listing's
+            return None
 
     # ------------------------------------------------------------------ damaged files
 
@@ -259,6 +315,12 @@ class RunCatalog:
             for path, reason in sorted(skipped.items())
         ]
         return {**answer, "skipped": notes}
+
+
+def _first_line(error: BaseException) -> str:
+    """``TypeError: unhashable type: 'dict'``: the error's kind and the first line it says."""
+    said = next(iter(str(error).splitlines()), "")
+    return f"{type(error).__name__}: {said}" if said else type(error).__name__
 
 
 def _places(folder: Path) -> list[str]:

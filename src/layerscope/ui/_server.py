@@ -9,6 +9,11 @@ import sys
 from layerscope._imports import require
 from layerscope.ui._app import create_app, is_loopback
 
+# Seconds the server waits, once told to stop, for the answers still being made: a request
+# waiting on a run's read that never ends must not keep it from stopping. Threads stuck in
+# such a read are daemon threads: the process exits without them.
+STOP_GRACE = 1
+
 
 def serve(root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8765) -> None:
     """Serve the runs under ``root`` at ``http://host:port`` until interrupted.
@@ -29,7 +34,10 @@ def serve(root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 
     shown = f"[{host}]" if ":" in host else host
     port = listening.getsockname()[1]  # the one the system chose, for port 0
     print(f"layerscope: serving {os.fspath(root)} at http://{shown}:{port}/", file=sys.stderr)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=STOP_GRACE
+    )
+    server = uvicorn.Server(config)
     with listening:
         server.run(sockets=[listening])
 
