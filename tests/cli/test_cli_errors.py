@@ -103,3 +103,48 @@ def test_on_a_terminal_the_output_is_rich_tables(run_dir, capsys, monkeypatch):
     assert "Linear" in out
     assert main(["summary", str(run_dir), "--plain"]) == 0
     assert "─" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dpi", ["1", "601"])
+def test_a_dpi_matplotlib_cannot_draw_or_hold_is_refused(cli, run_dir, dpi):
+    pytest.importorskip("matplotlib")
+    status, _, err = cli("plot", run_dir, "--dpi", dpi)
+    assert status == 2
+    assert err == f"layerscope plot: --dpi: expected 10 to 600 dots per inch, got {dpi}\n"
+    assert not (run_dir / "plots").exists()  # refused before a figure is drawn
+
+
+def test_a_report_that_cannot_be_written_names_o(cli, run_dir, tmp_path):
+    pytest.importorskip("plotly")
+    link = tmp_path / "report.html"
+    link.symlink_to(tmp_path / "gone" / "report.html")  # into a folder that is not there
+    status, out, err = cli("report", run_dir, "-o", link)
+    assert (status, out) == (2, "")
+    assert err == f"layerscope report: -o: cannot write {link}: No such file or directory\n"
+
+
+def test_a_figure_that_cannot_be_written_names_out(cli, run_dir, tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "out" / "stats-grad.png").mkdir(parents=True)  # a folder in the file's place
+    status, out, err = cli("plot", run_dir, "--out", tmp_path / "out", "--kind", "grad")
+    assert (status, out) == (2, "")
+    path = tmp_path / "out" / "stats-grad.png"
+    assert err == f"layerscope plot: --out: cannot write {path}: Is a directory\n"
+
+
+def test_export_into_a_file_names_tensorboard(cli, run_dir, tmp_path):
+    (tmp_path / "notes.txt").write_text("a file")
+    under_file = tmp_path / "notes.txt" / "logs"
+    status, _, err = cli("export", run_dir, "--tensorboard", under_file)
+    assert status == 2
+    assert err == f"layerscope export: --tensorboard: cannot write {under_file}: Not a directory\n"
+
+
+def test_demo_into_a_file_names_out(cli, tmp_path):
+    for extra in ("sklearn", "plotly"):
+        pytest.importorskip(extra)  # the demo asks for its extras first
+    (tmp_path / "notes.txt").write_text("a file")
+    under_file = tmp_path / "notes.txt" / "demo"
+    status, _, err = cli("demo", "--out", under_file)
+    assert status == 2
+    assert err == f"layerscope demo: --out: cannot make {under_file}: Not a directory\n"

@@ -80,7 +80,7 @@ def test_a_phase_without_rows_draws_only_the_scalars(cli, run_dir, tmp_path):
 def test_bad_dpi_exits_2_with_one_line(cli, run_dir):
     status, _, err = cli("plot", run_dir, "--dpi", "0")
     assert status == 2
-    assert err == "layerscope plot: --dpi: expected a positive number, got 0\n"
+    assert err == "layerscope plot: --dpi: expected 10 to 600 dots per inch, got 0\n"
 
 
 def test_no_run_exits_2(cli, tmp_path):

@@ -26,6 +26,7 @@ from layerscope import __version__
 from layerscope.cli import _demo, _diff, _export, _plot, _report, _runs, _serve, _summary
 from layerscope.cli._command import Subcommand
 from layerscope.cli._open import CommandError
+from layerscope.cli._visible import visible
 
 # Exit statuses besides 0: a run that cannot be read, as argparse's usage errors; a missing
 # optional package; an interrupt, as a shell reports SIGINT.
@@ -78,11 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             status: int = args.handler(args)
             sys.stdout.flush()  # a closed pipe shows here, inside the try
         return status
-    except CommandError as error:
-        print(f"layerscope {args.command}: {error}", file=sys.stderr)
+    except CommandError as error:  # its message may quote a run's names or files
+        print(f"layerscope {args.command}: {visible(str(error))}", file=sys.stderr)
         return EXIT_USAGE
     except ImportError as error:  # a missing extra: the message says what to install
-        print(f"layerscope {args.command}: {error}", file=sys.stderr)
+        print(f"layerscope {args.command}: {visible(str(error))}", file=sys.stderr)
         return EXIT_FAILURE
     except BrokenPipeError:
         # `layerscope runs | head`: the reader has gone. Point stdout at nothing so that
@@ -102,4 +103,4 @@ def _warn_in_one_line(
     line: str | None = None,
 ) -> None:
     """Show a warning (a damaged file skipped, say) as one line, without the source line."""
-    print(f"warning: {message}", file=sys.stderr)
+    print(f"warning: {visible(str(message))}", file=sys.stderr)

@@ -2,7 +2,8 @@
 
 Commands build ``Table``s and field lists and hand them to an ``Output``; they never print
 themselves, so the same command shows rich tables in a terminal and stable plain text in a
-pipe, a file or a golden test. rich is imported only when it is used.
+pipe, a file or a golden test. Either output shows every string through ``visible``: names and
+messages from a run's files cannot drive the terminal. rich is imported only when it is used.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
+
+from layerscope.cli._visible import visible
 
 _GAP = "  "  # between the columns of plain text
 
@@ -76,12 +79,14 @@ class PlainOutput:
 
     def fields(self, title: str, pairs: Sequence[tuple[str, str]]) -> None:
         """A block of ``name  value`` lines, names padded to one width."""
+        title, pairs = visible(title), _visible_pairs(pairs)
         width = max((len(name) for name, _ in pairs), default=0)
         lines = [f"{name.ljust(width)}{_GAP}{value}".rstrip() for name, value in pairs]
         self._section([title, *lines] if title else lines)
 
     def table(self, table: Table) -> None:
         """The title, the headers, a rule of dashes, then the rows."""
+        table = _visible_table(table)
         widths = _widths(table)
 
         def aligned(cells: Sequence[str]) -> str:
@@ -97,8 +102,8 @@ class PlainOutput:
         self._section([table.title, headers, rule, *body])
 
     def line(self, text: str, style: str | None = None) -> None:
-        """The text, as it is."""
-        self._section([text])
+        """The text, control characters made visible."""
+        self._section([visible(text)])
 
     def _section(self, lines: Sequence[str]) -> None:
         if self._started:
@@ -110,7 +115,8 @@ class PlainOutput:
 class RichOutput:
     """rich tables and colours, for a terminal.
 
-    Text from the run (names, messages) is shown as it is, never read as rich markup.
+    Text from the run (names, messages) is shown as ``Text``, never read as rich markup, and
+    its control characters made visible.
     """
 
     def __init__(self) -> None:
@@ -127,9 +133,9 @@ class RichOutput:
         grid = RichTable.grid(padding=(0, 2))
         grid.add_column(style="dim")
         grid.add_column()
-        for name, value in pairs:
+        for name, value in _visible_pairs(pairs):
             grid.add_row(Text(name), Text(value))
-        self._print(Text(title, style="bold") if title else None, grid)
+        self._print(Text(visible(title), style="bold") if title else None, grid)
 
     def table(self, table: Table) -> None:
         """A rich table with a simple rule under the headers."""
@@ -137,12 +143,13 @@ class RichOutput:
         from rich.table import Table as RichTable
         from rich.text import Text
 
+        table = _visible_table(table)
         shown = RichTable(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, show_edge=False)
         # Numbers are right-aligned here, not by rich, which trims the trailing spaces that
         # line up what follows a number in a column (the summary's trends).
         widths = _widths(table)
         for column, width in zip(table.columns, widths, strict=True):
-            shown.add_column(column.header.rjust(width) if column.numeric else column.header)
+            shown.add_column(Text(column.header.rjust(width) if column.numeric else column.header))
         for row, style in zip(table.rows, table.styles, strict=True):
             cells = [
                 Text(cell.rjust(width) if column.numeric else cell)
@@ -155,7 +162,7 @@ class RichOutput:
         """The text, in ``style`` if given."""
         from rich.text import Text
 
-        self._print(Text(text, style=style or ""))
+        self._print(Text(visible(text), style=style or ""))
 
     def _print(self, *renderables: Any) -> None:
         if self._started:
@@ -164,6 +171,20 @@ class RichOutput:
         for renderable in renderables:
             if renderable is not None:
                 self._console.print(renderable)
+
+
+def _visible_table(table: Table) -> Table:
+    """``table`` with its title, headers and cells made visible (see ``visible``)."""
+    return Table(
+        visible(table.title),
+        [Column(visible(column.header), column.numeric) for column in table.columns],
+        [[visible(cell) for cell in row] for row in table.rows],
+        list(table.styles),
+    )
+
+
+def _visible_pairs(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(visible(name), visible(value)) for name, value in pairs]
 
 
 def _widths(table: Table) -> list[int]:

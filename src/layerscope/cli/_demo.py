@@ -92,13 +92,18 @@ def run(args: argparse.Namespace) -> int:
 
 def _fresh_folder(out: Path) -> Path:
     """``out``, emptied of an earlier demo's runs; a CommandError if it holds anything else."""
+    if out.exists() and not out.is_dir():
+        raise CommandError(f"--out: {out} is a file: give a folder")
     if out.exists() and any(out.iterdir()):
         if not (out / MARKER).exists():
             raise CommandError(f"--out: {out} is not empty and not a demo's folder")
         for name in ("broken", "fixed"):
             shutil.rmtree(out / name, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).touch()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MARKER).touch()
+    except OSError as error:
+        raise CommandError(f"--out: cannot make {out}: {error.strerror or error}") from None
     return out
 
 

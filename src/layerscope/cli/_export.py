@@ -8,6 +8,7 @@ at a time through ``run.sql``, so a large run never loads at once.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
 from layerscope.cli._arguments import RUN_METAVAR
@@ -52,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
     sink, destination = _replay.chosen_sink(args)
     recorded = open_run(args.run)
+    if args.tensorboard is not None and "://" not in args.tensorboard:
+        _make_folder(args.tensorboard)
     sent = _replay.Sent()
     try:
         _replay.send(recorded, args.rank, sink, sent)
@@ -66,3 +69,12 @@ def run(args: argparse.Namespace) -> int:
         f"statistics, {sent.scalars} scalars, {sent.alerts} alerts to {where}"
     )
     return 0
+
+
+def _make_folder(path: str) -> None:
+    """Make the local folder ``--tensorboard`` names now: one that cannot be is one line."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise CommandError(f"--tensorboard: cannot write {path}: {reason}") from None

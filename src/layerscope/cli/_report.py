@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from typing import TYPE_CHECKING
 
 from layerscope.cli._arguments import RUN_METAVAR, new_file
-from layerscope.cli._open import open_run
+from layerscope.cli._open import CommandError, open_run
+from layerscope.cli._visible import visible
 
 if TYPE_CHECKING:
     from layerscope.cli._command import Subparsers
@@ -44,9 +47,26 @@ def run(args: argparse.Namespace) -> int:
 
     run_ = open_run(args.path)
     other = None if args.compare is None else open_run(args.compare)
-    html = report_html(run_, compare=other)
-    with open(args.output, "w", encoding="utf-8") as file:
-        file.write(html)
-    size = len(html.encode("utf-8"))
-    print(f"wrote {args.output} ({size / 1e6:.1f} MB)", file=sys.stderr)
+    encoded = report_html(run_, compare=other).encode("utf-8")
+    _write(args.output, encoded)
+    print(f"wrote {visible(args.output)} ({len(encoded) / 1e6:.1f} MB)", file=sys.stderr)
     return 0
+
+
+def _write(path: str, content: bytes) -> None:
+    """``content`` into the file at ``path``; a CommandError naming ``-o`` if it cannot be.
+
+    The folder was checked when the arguments were read, but a write can still fail: a link
+    into a folder that is gone, a full disk. A file cut short is removed, not left as a report.
+    """
+    opened = False
+    try:
+        with open(path, "wb") as file:
+            opened = True
+            file.write(content)
+    except OSError as error:
+        if opened and os.path.isfile(path):
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        reason = error.strerror or str(error)
+        raise CommandError(f"-o: cannot write {path}: {reason}") from None

@@ -32,7 +32,6 @@ from layerscope.plots._select import (
     check_kind,
     check_phase,
     check_stat,
-    column,
     select_modules,
 )
 from layerscope.plots._source import RunTables
@@ -48,7 +47,6 @@ __all__ = [
     "check_kind",
     "check_phase",
     "check_stat",
-    "column",
     "head_matrix",
     "histogram_edges",
     "is_linear",

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from layerscope.model import quote_identifier
 from layerscope.plots._images import label_steps, panels
-from layerscope.plots._select import PICKED_MODULES, check_phase, column
+from layerscope.plots._labels import drawn_name
+from layerscope.plots._select import PICKED_MODULES, check_phase
 
 if TYPE_CHECKING:
     import pandas
@@ -105,8 +107,8 @@ def attention_heatmap(run: RunTables, modules: AttentionModules, value: str, pha
         images.append(image)
         _label_heads(ax, rows)
         label_steps(ax, steps)
-        kind = f" ({types[name]})" if name in types else ""
-        ax.set_title(f"{name or '(root)'}{kind}", fontsize="medium")
+        kind = f" ({drawn_name(types[name])})" if name in types else ""
+        ax.set_title(f"{drawn_name(name or '(root)')}{kind}", fontsize="medium")
     fig.suptitle(f"{measure.title} ({phase})")
     fig.colorbar(images[0], ax=axes, label=measure.label)
     return fig
@@ -150,7 +152,7 @@ def attention_modules(run: RunTables, modules: AttentionModules, phase: str) -> 
 def read_heads(run: RunTables, names: list[str], value: str, phase: str) -> pandas.DataFrame:
     """step, module, call, head, keys and ``value`` of the lowest rank's rows of ``names``."""
     return run.sql(
-        f"select step, module, call, head, keys, {column(value)} as value from attention"
+        f"select step, module, call, head, keys, {quote_identifier(value)} as value from attention"
         f" where phase = $phase and module in (select name from {PICKED_MODULES})"
         " and rank = (select min(rank) from attention where phase = $phase)",
         {"phase": phase, "names": names},

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from layerscope.plots._histograms import histogram_edges, layer_counts, read_histograms
+from layerscope.plots._labels import drawn_name
 from layerscope.plots._select import figure
 from layerscope.plots._value_axis import mark_value_axis, value_axis
 
@@ -62,6 +63,6 @@ def histogram_figure(
     mark_value_axis(ax, axis, "x")
     ax.set_xlabel(axis.edge_label)
     ax.set_ylabel("fraction of elements")
-    ax.set_title(f"{module or '(root)'} {kind} {tensor}")
+    ax.set_title(f"{drawn_name(module or '(root)')} {kind} {drawn_name(tensor)}")
     ax.legend(fontsize="small", loc="best")
     return fig

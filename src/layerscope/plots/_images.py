@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from layerscope.plots._histograms import histogram_edges, layer_counts, read_histograms
+from layerscope.plots._labels import drawn_name
 from layerscope.plots._select import (
     Modules,
     check_stat,
@@ -34,6 +35,9 @@ MAX_PANELS = 16
 PANEL_COLUMNS = 4
 # A heat map names every row up to this many layers, and some of them past it.
 MAX_ROW_LABELS = 40
+# A heat map's width: its image and colour bar, and room for the row labels at about the
+# width of the widest lowercase letter a character (inches, at the default font size).
+IMAGE_WIDTH, LABEL_CHARACTER_WIDTH = 5.0, 0.13
 
 
 def label_steps(axes: Axes, steps: np.ndarray) -> None:
@@ -51,7 +55,7 @@ def label_steps(axes: Axes, steps: np.ndarray) -> None:
 
 def label_layers(axes: Axes, layers: list[str]) -> None:
     """Tick labels of an image's rows: every layer's name, or ``MAX_ROW_LABELS`` spread."""
-    names = [name or "(root)" for name in layers]
+    names = [drawn_name(name or "(root)") for name in layers]
     rows = np.arange(len(layers))
     if len(layers) > MAX_ROW_LABELS:
         rows = np.unique(np.round(np.linspace(0, len(layers) - 1, MAX_ROW_LABELS)).astype(int))
@@ -60,9 +64,14 @@ def label_layers(axes: Axes, layers: list[str]) -> None:
 
 
 def layers_figure(layers: list[str]) -> tuple[Figure, Axes]:
-    """A figure of one image of ``layers`` rows, its height growing with them."""
+    """A figure of one image of ``layers`` rows, its height growing with them.
+
+    Its width grows with the longest row label, so that the image keeps its room.
+    """
     height = min(max(3.0, 0.3 * len(layers) + 1.5), 14.0)
-    fig, (ax,) = figure(1, height=height, sharex=False)
+    longest = max((len(drawn_name(name or "(root)")) for name in layers), default=0)
+    width = max(8.0, IMAGE_WIDTH + LABEL_CHARACTER_WIDTH * longest)
+    fig, (ax,) = figure(1, width=width, height=height, sharex=False)
     return fig, ax
 
 
@@ -126,7 +135,7 @@ def color_dim(
         axis = value_axis(edges, counts)
         draw_slots(ax, axis, np.log1p(counts[axis.slots]))
         ax.set_ylabel(axis.label)
-        ax.set_title(f"{layer or '(root)'} {kind}", fontsize="medium")
+        ax.set_title(f"{drawn_name(layer or '(root)')} {kind}", fontsize="medium")
         label_steps(ax, steps)
     if total is not None:
         fig.suptitle(f"{len(layers)} of {total} layers, spread evenly; modules= chooses others")

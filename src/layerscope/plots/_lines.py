@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from layerscope.plots._labels import drawn_name
 from layerscope.plots._near_zero import near_zero_fractions
 from layerscope.plots._select import (
     Modules,
@@ -55,7 +56,7 @@ def draw_layers(
     """
     # A single recorded step is a point: without a marker it would not show.
     marker = "o" if len(steps) == 1 else None
-    names = [name or "(root)" for name in layers]
+    names = [drawn_name(name or "(root)") for name in layers]
     many = len(layers) > LEGEND_LIMIT
     colors = _depth_colors(len(layers)) if many else [None] * len(layers)
     styles: list[dict[str, Any]] = [{"linewidth": 0.8 if many else None}] * len(layers)
@@ -205,7 +206,8 @@ def scalars_figure(run: RunTables, names: Sequence[str] | str | None) -> Figure:
         rows = scalars[scalars["name"] == name]
         steps = rows["step"].to_numpy(dtype=np.int64)
         marker = "o" if len(steps) == 1 else None
-        ax.plot(steps, rows["value"].to_numpy(dtype=np.float64), marker=marker, label=name)
+        shown = drawn_name(name)
+        ax.plot(steps, rows["value"].to_numpy(dtype=np.float64), marker=marker, label=shown)
         # One collection of vertical lines per severity: thousands of alerts draw at once.
         for severity, group in alerts.groupby("severity", sort=False):
             ax.vlines(
@@ -219,6 +221,6 @@ def scalars_figure(run: RunTables, names: Sequence[str] | str | None) -> Figure:
                 label=f"alert: {severity}",
             )
         ax.set_xlabel("step")
-        ax.set_ylabel(name)
+        ax.set_ylabel(shown)
         ax.legend(fontsize="small", loc="best")
     return fig

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from layerscope.plots._histograms import histogram_edges, layer_counts, read_histograms
+from layerscope.plots._labels import drawn_name
 from layerscope.plots._select import DEFAULT_TENSOR, check_kind, check_phase
 from layerscope.plots._value_axis import ValueAxis, mark_value_axis, value_axis
 from layerscope.plots._video import FORMATS, write_video
@@ -71,7 +72,7 @@ def histogram_animation(
     totals = counts.sum(axis=0)
     fractions = counts / np.where(totals > 0, totals, 1)
     axis = value_axis(edges, counts)
-    title = f"{module or '(root)'} {kind} {tensor or DEFAULT_TENSOR[kind]}"
+    title = f"{drawn_name(module or '(root)')} {kind} {drawn_name(tensor or DEFAULT_TENSOR[kind])}"
     fig, bars, caption = _histogram_frame(axis, fractions[axis.slots].max(initial=0.0), title)
 
     def draw(index: int) -> None:
