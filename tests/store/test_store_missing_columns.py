@@ -21,9 +21,7 @@ import warnings
 
 import pyarrow.parquet as pq
 import pytest
-import torch
-import torch.nn.functional as F
-from torch import nn
+from tests.fixtures.every_table_run import record
 
 import layerscope
 from layerscope.cli import main
@@ -48,50 +46,6 @@ KEYLESS = ("scalars", "name")
 # What ``plot`` draws here: one kind's figures, of a few layers, small.
 FEW_FIGURES = ("--modules", "mlp", "--dpi", "20")
 ROUTES = ("modules", "scalars", "alerts", "heatmap", "series", "colordim", "distribution")
-
-
-class Attention(nn.Module):
-    """Two heads of self-attention through SDPA, as watch(attention=True) records them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.qkv = nn.Linear(8, 24)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
-        q, k, v = self.qkv(x).view(batch, length, 3, 2, 4).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v)  # (batch, heads, length, 4)
-        return out.transpose(1, 2).reshape(batch, length, 8)
-
-
-class Tiny(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.attn = Attention()
-        self.mlp = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(x + self.attn(x))
-
-
-def record(path):
-    """Three steps with every table: statistics, a loss, a NaN's alert, attention, calls."""
-    torch.manual_seed(0)
-    model = Tiny()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    options = {"run": path, "every": 1, "optimizer": optimizer, "attention": True}
-    with warnings.catch_warnings(), layerscope.watch(model, **options) as scope:
-        warnings.simplefilter("ignore")  # the NaN's alert warns; here it is wanted
-        for step in range(3):
-            x = torch.randn(2, 5, 8)
-            if step == 1:
-                x[0, 0, 0] = float("nan")
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            scope.step(loss=loss)
-    return path
 
 
 def table_file(run, table):
