@@ -359,3 +359,30 @@ def test_a_fit_resumed_from_a_checkpoint_goes_on_from_its_global_step(tmp_path):
     resumed = layerscope.load(tmp_path / "second")
     assert sorted(set(resumed.stats.step)) == [2, 3]
     assert resumed.scalars[resumed.scalars.name == "loss"].step.tolist() == [2, 3]
+
+
+def test_a_rank_takes_rank_0s_run_directory_though_rank_0_has_begun_writing_it(
+    tmp_path, monkeypatch
+):
+    import torch.distributed as dist
+
+    from layerscope.integrations._watcher import fresh_run_dir
+
+    (tmp_path / "layerscope").mkdir()
+    (tmp_path / "layerscope" / "run.json").write_text("{}")  # rank 0's run, begun
+    chosen_by_rank_0 = str(tmp_path / "layerscope")
+    sent = []
+
+    def broadcast(objects, src):
+        sent.append((list(objects), src))
+        objects[0] = chosen_by_rank_0
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    assert fresh_run_dir(str(tmp_path)) == chosen_by_rank_0
+    assert sent == [([None], 0)]  # rank 1 looked at nothing itself
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    assert fresh_run_dir(str(tmp_path)) == chosen_by_rank_0  # what rank 0 sent
+    assert sent[1] == ([str(tmp_path / "layerscope-2")], 0)

@@ -70,8 +70,29 @@ def fresh_run_dir(parent: str) -> str:
     """``<parent>/layerscope``, or ``layerscope-2``, ``-3``... where a run is there already.
 
     A second ``fit()`` into the same log directory then writes a run of its own instead of
-    failing on the first one's. Every rank of a job asks before any of them has written.
+    failing on the first one's. Under torch.distributed rank 0 chooses and every rank takes
+    its choice: a rank that looked for itself could see the run rank 0 has just begun.
     """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return _first_free_run_dir(parent)
+    chosen: list[str | BaseException | None] = [None]
+    if dist.get_rank() == 0:
+        try:
+            chosen[0] = _first_free_run_dir(parent)
+        except Exception as error:  # every rank must still reach the broadcast
+            chosen[0] = RuntimeError(f"choosing the run directory in {parent!r}: {error}")
+    dist.broadcast_object_list(chosen, src=0)
+    if not isinstance(chosen[0], str):
+        raise chosen[0] if isinstance(chosen[0], BaseException) else RuntimeError(
+            "rank 0 chose no run directory"
+        )
+    return chosen[0]
+
+
+def _first_free_run_dir(parent: str) -> str:
+    """The first of ``<parent>/layerscope``, ``layerscope-2``... that holds no run."""
     from layerscope.store.locations import location_filesystem
 
     base = f"{parent.rstrip('/')}/{RUN_NAME}"
