@@ -84,11 +84,12 @@ def fresh_run_dir(parent: str) -> str:
         except Exception as error:  # every rank must still reach the broadcast
             chosen[0] = RuntimeError(f"choosing the run directory in {parent!r}: {error}")
     dist.broadcast_object_list(chosen, src=0)
-    if not isinstance(chosen[0], str):
-        raise chosen[0] if isinstance(chosen[0], BaseException) else RuntimeError(
-            "rank 0 chose no run directory"
-        )
-    return chosen[0]
+    choice = chosen[0]
+    if isinstance(choice, BaseException):
+        raise choice
+    if not isinstance(choice, str):
+        raise RuntimeError("rank 0 chose no run directory")
+    return choice
 
 
 def _first_free_run_dir(parent: str) -> str:
