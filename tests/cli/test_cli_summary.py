@@ -118,6 +118,37 @@ def test_alerts_of_the_current_schema_show_tensor_and_severity(run_dir, cli):
     ]
 
 
+def test_the_summary_leads_with_the_first_steps_likeliest_cause(run_dir, cli):
+    base = {"phase": "train", "tensor": "out", "value": 1.0, "threshold": 0.5, "rank": 0}
+    alerts = [
+        {"step": 1, "rule": "dead", "module": "0", "kind": "activation", "severity": "info"},
+        {"step": 3, "rule": "activation_drift", "module": "2", "kind": "activation",
+         "severity": "warning"},
+        {"step": 3, "rule": "eval_mode", "module": "1", "kind": "activation",
+         "severity": "warning"},
+        {"step": 5, "rule": "loss_spike", "module": "", "kind": "loss", "severity": "warning"},
+        {"step": 7, "rule": "activation_drift", "module": "0", "kind": "activation",
+         "severity": "error"},
+    ]  # fmt: skip
+    add_alerts(run_dir, [{**base, **alert, "message": f"m{i}"} for i, alert in enumerate(alerts)])
+    _, out, _ = cli("summary", run_dir, "--plain")
+    block = out.split("likely root cause")[1].split("\n\n")[0]
+    # The info note of step 1 is no diagnosis; of step 3's two, the eval mode is the cause.
+    assert [field(block, name) for name in ("step", "rule", "layer", "says", "then")] == [
+        "3", "eval_mode", "1", "m2", "3 more: activation_drift 2, loss_spike 1"
+    ]  # fmt: skip
+    assert out.index("likely root cause") < out.index("5 alerts")
+
+
+def test_a_run_without_warnings_has_no_root_cause(run_dir, cli):
+    base = {"phase": "train", "kind": "grad", "tensor": "out", "value": 1.0, "threshold": 0.5}
+    add_alerts(run_dir, [{**base, "step": 1, "rule": "dead", "module": "0", "severity": "info",
+                          "message": "a note", "rank": 0}])  # fmt: skip
+    _, out, _ = cli("summary", run_dir, "--plain")
+    assert "likely root cause" not in out
+    assert "1 alert (1 info)" in out
+
+
 def test_alerts_of_the_older_schema_and_the_first_n_of_them(run_dir, cli):
     alerts = [
         {"step": step, "rule": "dead", "module": "1", "kind": "activation", "severity": "info",

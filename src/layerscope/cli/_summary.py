@@ -15,6 +15,7 @@ from layerscope.cli._headroom import headroom_fields
 from layerscope.cli._layer_table import OVERVIEW, layers_table, measures_of
 from layerscope.cli._layers import module_types
 from layerscope.cli._open import open_run
+from layerscope.cli._root_cause import root_cause_fields
 from layerscope.model import quote_identifier
 
 if TYPE_CHECKING:
@@ -69,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
     if heads is not None:
         output.table(heads)
     counts = severity_counts(opened)
+    cause = root_cause_fields(opened)
+    if cause is not None:
+        output.fields("likely root cause", cause)
     output.line(count_line(counts))
     if counts:
         limit = args.alerts if args.alerts > 0 else None
