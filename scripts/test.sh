@@ -15,7 +15,9 @@ fi
 .venv/bin/ruff format --check src tests examples benchmarks
 .venv/bin/mypy
 status=0
-.venv/bin/python -m pytest "$@" || status=$?
+# Two worker processes, a test file each at a time: the suite's subprocesses and compiles
+# leave a second core idle otherwise.
+.venv/bin/python -m pytest -n 2 --dist loadfile "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests" >&2
 fi
