@@ -1,7 +1,7 @@
 """Diagnosis of planted training bugs: do the health alerts name the problem, layer and step?
 
     python benchmarks/diagnosis.py                 # every case; prints the table
-    python benchmarks/diagnosis.py --write         # also updates its section of BENCHMARKS.md
+    python benchmarks/diagnosis.py --write         # also updates BENCHMARKS.md and the alerts page
     python benchmarks/diagnosis.py --case gpt-     # the cases whose name holds "gpt-"
     python benchmarks/diagnosis.py --small         # a few cheap cases
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import time
 from collections import Counter
@@ -143,6 +144,30 @@ def chosen(pattern: str | None, small: bool) -> list[Case]:
     return cases
 
 
+DOCS = Path(__file__).parent.parent / "docs" / "concepts" / "alerts.md"
+DOCS_TITLE = "How well they diagnose planted bugs"
+
+
+def write_docs(text: str) -> None:
+    """Put the table in its section of the alerts page, before the page's closing links."""
+    page = DOCS.read_text()
+    section = (
+        f"## {DOCS_TITLE}\n\n`python benchmarks/diagnosis.py` trains {len(CASES)} planted bugs, "
+        "each at a known layer and step of a small model and each with a healthy twin, "
+        "watched with the default schedule and with `every=10`; BENCHMARKS.md says how they "
+        "are scored and on what machine. *Said* is the first alert of the expected rule "
+        "family (else the first alert); *right*, that family, the case's layer, at most one "
+        "recorded step late.\n\n" + text.strip() + "\n"
+    )
+    pattern = rf"## {re.escape(DOCS_TITLE)}\n.*?(?=\n## |\nGuides: |\Z)"
+    if re.search(pattern, page, flags=re.S):
+        page = re.sub(pattern, lambda _: section, page, flags=re.S)
+    else:
+        head, guides, tail = page.partition("\nGuides: ")
+        page = head.rstrip() + "\n\n" + section + ("\n" + guides + tail if guides else "")
+    DOCS.write_text(page)
+
+
 def write(text: str, seconds: float, threads: int) -> None:
     """Put the table in its section of BENCHMARKS.md, with how it was made."""
     report.replace_section(
@@ -188,6 +213,7 @@ def main(argv: list[str] | None = None) -> str:
         args.json.write_text(json.dumps(as_json(results), indent=1))
     if args.write:
         write(text, took, args.threads)
+        write_docs(text)
     return text
 
 

@@ -13,9 +13,21 @@ with a GradScaler at its default scale (65,536); ``convbn-sgd`` and ``convbn-ada
 convolutions with biases followed by BatchNorm (whose gradients are zero up to rounding) on
 the CNN workload's data, under SGD with momentum 0.9 at 1e-2 and AdamW at 1e-3; ``inspect``,
 the CNN workload's backward passes with no optimizer step (no ``optimizer=``,
-``scope.step()`` each iteration: every kind but updates). An alert on these runs is a false
-alarm, unless it is "info". The rules' cost is the writer thread's CPU time in them, per
-flush (a flush holds 10 recorded steps by default) and per row of statistics they read.
+``scope.step()`` each iteration: every kind but updates). And recipes of healthy training
+on the digits data, each a layout a rule must take as it is: ``finetune`` and
+``finetune-frozen-bn``, a CNN with BatchNorm and Dropout trained 50 steps unwatched, then its
+backbone frozen (``requires_grad_(False)`` before watch) and a new head trained, the
+backbone's BatchNorm layers left in train mode or put in eval mode with it (detectron's
+frozen BatchNorm); ``warmup``, a learning rate warmed up linearly from 0 over 10 steps, then
+decayed linearly to 0 at the last step (``get_linear_schedule_with_warmup``); ``amp-fp16``,
+float16 autocast with a GradScaler that starts at 2**24, so that its first steps overflow
+and are skipped, as they are from the default scale on a GPU; ``eval-loop``, the BatchNorm
+CNN with a validation pass (``model.eval()``, a forward under ``torch.no_grad()``,
+``model.train()``) every 10 steps, from before the first; ``clip``, gradients clipped to a
+norm of 1 (from about step 14, where the digits CNN's norm passes 1). An alert on these
+runs is a false alarm, unless it is "info". The rules' cost is the writer thread's CPU time
+in them, per flush (a flush holds 10 recorded steps by default) and per row of statistics
+they read.
 """
 
 from __future__ import annotations
@@ -70,19 +82,76 @@ def _conv_bn() -> nn.Module:
     )  # fmt: skip
 
 
+def _digits_bn() -> nn.Sequential:
+    """The digits CNN with BatchNorm and Dropout: layers whose train and eval modes differ."""
+    # (batch, 1, 8, 8) -> (batch, 16, 8, 8) -> (batch, 32, 4, 4) -> (batch, 512) -> (batch, 10)
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.Flatten(), nn.Dropout(0.2), nn.Linear(32 * 4 * 4, 10),
+    )  # fmt: skip
+
+
+_BACKBONE = 7  # _digits_bn's layers before its head (Dropout, Linear)
+
+
+def _finetuned(frozen_bn: bool) -> tuple[nn.Module, torch.optim.Optimizer, Batches, LossFn]:
+    """_digits_bn trained 50 steps, its backbone frozen, a new head to train."""
+    _, _, batch, loss_fn = _digits()
+    model = _digits_bn()
+    pretraining = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for step in range(50):  # unwatched: the pretrained backbone
+        x, y = batch(step)
+        loss_fn(model(x), y).backward()
+        pretraining.step()
+        pretraining.zero_grad()
+    backbone, head = model[:_BACKBONE], model[_BACKBONE:]
+    backbone.requires_grad_(False)
+    if frozen_bn:  # running statistics kept as they are, as detectron's FrozenBatchNorm2d
+        backbone.eval()
+    new_head = model[-1]
+    assert isinstance(new_head, nn.Linear)
+    new_head.reset_parameters()
+    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
+    return model, optimizer, lambda step: batch(step + 50), loss_fn
+
+
+def _warmup(
+    optimizer: torch.optim.Optimizer, warmup: int, steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up from 0 over ``warmup`` steps, then linear decay to 0 at ``steps``."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / warmup
+        return max(0.0, (steps - step) / (steps - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 # Runs of transformers, watched with attention=True too: attention_collapse must stay quiet.
 ATTENTION = {"gpt"}
 # The workload whose data (and, but for convbn, model) a healthy layout's run takes.
 _DATA = {"convbn-sgd": "cnn", "convbn-adamw": "cnn", "inspect": "cnn"}
-RUNS = [*WORKLOADS, "digits", "amp", *_DATA]
+# Healthy recipes on the digits data: frozen backbones, schedules, AMP, validation, clipping.
+RECIPES = ["finetune", "finetune-frozen-bn", "warmup", "amp-fp16", "eval-loop", "clip"]
+RUNS = [*WORKLOADS, "digits", "amp", *_DATA, *RECIPES]
+CLIP_NORM = 1.0
+VALIDATE_EVERY = 10
 
 
 def _setup(name: str) -> tuple[nn.Module, torch.optim.Optimizer, Batches, LossFn]:
     """The run's model, its optimizer, its batches by step and its loss."""
-    if name in ("digits", "amp"):
+    if name in ("digits", "amp", "amp-fp16", "warmup", "clip"):
         # Batches of 16 under AMP: the smaller the batch, the larger the loss's gradient, and
         # the scale makes it larger still.
-        return _digits(16 if name == "amp" else 64)
+        return _digits(16 if name.startswith("amp") else 64)
+    if name.startswith("finetune"):
+        return _finetuned(frozen_bn=name == "finetune-frozen-bn")
+    if name == "eval-loop":
+        _, _, digit_batch, loss_fn = _digits()
+        bn_model = _digits_bn()
+        return bn_model, torch.optim.Adam(bn_model.parameters(), lr=3e-3), digit_batch, loss_fn
     workload = WORKLOADS[_DATA.get(name, name)]
     model = _conv_bn() if name.startswith("convbn") else workload.make_model()
     if name == "convbn-sgd":
@@ -103,7 +172,14 @@ def run(name: str, steps: int) -> dict[str, object]:
     torch.manual_seed(0)
     model, optimizer, batch, loss_fn = _setup(name)
     inspect = name == "inspect"  # backward only: no optimizer step, none given to watch
-    scaler = torch.amp.GradScaler("cpu") if name == "amp" else None  # its default scale
+    scaler = None
+    if name == "amp":
+        scaler = torch.amp.GradScaler("cpu")  # its default scale
+    elif name == "amp-fp16":
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24)  # overflows at first
+    precision = torch.float16 if name == "amp-fp16" else torch.bfloat16
+    schedule = _warmup(optimizer, 10, steps) if name == "warmup" else None
+    validate = _validation(model) if name == "eval-loop" else None
     kinds = tuple(kind for kind in EVERY_KIND if not (inspect and kind == "update"))
     started = time.perf_counter()
     watched = None if inspect else optimizer
@@ -112,8 +188,10 @@ def run(name: str, steps: int) -> dict[str, object]:
         model, optimizer=watched, every=1, capture=kinds, attention=attention
     ) as scope:
         for step in range(steps):
+            if validate is not None and step % VALIDATE_EVERY == 0:
+                validate()
             x, y = batch(step)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=scaler is not None):
+            with torch.autocast("cpu", dtype=precision, enabled=scaler is not None):
                 loss = loss_fn(model(x), y)
             if scaler is not None:
                 scaler.scale(loss).backward()
@@ -121,8 +199,12 @@ def run(name: str, steps: int) -> dict[str, object]:
                 scaler.update()
             else:
                 loss.backward()
+                if name == "clip":
+                    nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
                 if not inspect:
                     optimizer.step()
+            if schedule is not None:
+                schedule.step()
             optimizer.zero_grad()
             scope.step(loss=loss)
         monitor = scope._pipeline.health  # the writer's rules, to read their cost
@@ -141,6 +223,21 @@ def run(name: str, steps: int) -> dict[str, object]:
         "share": monitor.seconds / took,
         "attention_rows": len(scope.frame("attention")) if attention else None,
     }
+
+
+def _validation(model: nn.Module) -> Callable[[], None]:
+    """A validation pass over the digits' held-out images, in eval mode and without grad."""
+    import digits  # examples/digits.py
+
+    _, _, test_x, _ = digits.load()
+
+    def validate() -> None:
+        model.eval()
+        with torch.no_grad():
+            model(test_x)
+        model.train()
+
+    return validate
 
 
 def _step_times(name: str, steps: int, **watch: object) -> list[float]:
@@ -252,8 +349,14 @@ def main() -> None:
             "convolutions with biases, each followed by BatchNorm, on the CNN workload's data "
             "under SGD with momentum 0.9 at 1e-2 and AdamW at 1e-3; inspect is the CNN "
             "workload's backward passes with no optimizer step (no optimizer=, every kind but "
-            "updates). The rules run on the writer thread; their time there is not on the "
-            "training thread.\n\n" + text,
+            "updates). Healthy recipes on the digits data: finetune and finetune-frozen-bn "
+            "train a new head on a BatchNorm CNN's frozen backbone (pretrained 50 steps), its "
+            "BatchNorm left in train mode or put in eval mode; warmup warms the learning rate "
+            "up from 0 over 10 steps, then decays it to 0; amp-fp16 is float16 autocast with a "
+            "GradScaler from 2**24 (its first steps overflow and are skipped); eval-loop "
+            "validates every 10 steps (model.eval(), no_grad, model.train()); clip clips "
+            "gradients to a norm of 1. The rules run on the writer thread; their time there "
+            "is not on the training thread.\n\n" + text,
         )
 
 

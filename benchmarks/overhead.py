@@ -89,6 +89,7 @@ def _peer(cls: Any) -> Callable[[torch.nn.Module, Any], Session]:
 
 IDLE = "layerscope: hooks idle (an unrecorded step, no sentinel)"
 SENTINEL = "layerscope: sentinel alone (an unrecorded step)"
+GRADIENT_SENTINEL = "layerscope: gradients' sentinel alone (an unrecorded step)"
 FULL = "layerscope: full, every step"
 SECOND_COPY = "unwatched, a second copy against the first (the noise floor: ideally 1.00x)"
 CONFIGS: dict[str, Callable[[torch.nn.Module, Any], Session] | None] = {
@@ -98,6 +99,7 @@ CONFIGS: dict[str, Callable[[torch.nn.Module, Any], Session] | None] = {
     # follow are those of the default schedule, the first step's call-order hooks gone.
     IDLE: _layerscope(every=layerscope.Schedule(every=10**9, sentinel=False)),
     SENTINEL: _layerscope(every=layerscope.Schedule(every=10**9, sentinel=True)),
+    GRADIENT_SENTINEL: _layerscope(every=layerscope.Schedule(every=10**9, sentinel="gradients")),
     FULL: _layerscope(every=1),
     "layerscope: full, every kind (adds input, update, buffer), every step": _layerscope(
         every=1, capture=[kind.value for kind in layerscope.Kind]
