@@ -70,15 +70,24 @@ RULE_OPTION_BOUNDS: dict[str, dict[str, Bound]] = {
         "exploding_above": _THRESHOLD,
         "relative": _THRESHOLD,
         "steps": _STEPS,
+        "growth": _THRESHOLD,
     },
     "update_ratio": {"low": _THRESHOLD, "high": _THRESHOLD, "steps": _STEPS, "warmup": _WARMUP},
     "activation_drift": {"factor": _THRESHOLD, "steps": _STEPS, "baseline": _BASELINE},
     "loss_spike": {
         "sigmas": _THRESHOLD,
         "ratio": _THRESHOLD,
-        "window": _STEPS,  # the level's weight is 1 / window
+        "jump": _THRESHOLD,
+        "window": _STEPS,  # the values the level is read from
         "warmup": _WARMUP,
     },
+    "loss_collapse": {
+        "factor": _THRESHOLD,
+        "sigmas": _THRESHOLD,
+        "window": _STEPS,  # the values the noise is read from
+        "warmup": _WARMUP,
+    },
+    "scaler_skips": {"steps": _STEPS, "falls": _STEPS, "window": _STEPS, "initial": _STEPS},
     "attention_collapse": {
         "fraction": _FRACTION,
         "frac_below": _FRACTION,
@@ -88,7 +97,7 @@ RULE_OPTION_BOUNDS: dict[str, dict[str, Bound]] = {
 }
 RULE_OPTION_BOUNDS["exploding_grad"] = RULE_OPTION_BOUNDS["vanishing_grad"]  # one rule's options
 #: The options that count steps or values: whole numbers.
-WHOLE_RULE_OPTIONS = frozenset(("steps", "warmup", "window", "baseline"))
+WHOLE_RULE_OPTIONS = frozenset(("steps", "warmup", "window", "baseline", "falls", "initial"))
 
 
 def check_within(value: int | float, name: str, bound: Bound) -> None:

@@ -123,7 +123,9 @@ class Schedule:
 #: What ``every=None`` means: every step of the first 10, where most training pathologies
 #: show, then one step in 100. On a 2-core CPU full statistics of every kind cost 1.2x to 1.5x
 #: a step (BENCHMARKS.md); one step in 100 spreads that to at most 1.005x. The gradients'
-#: sentinel watches the steps between where the model is on an accelerator.
+#: sentinel watches the steps between where the model is on an accelerator; on the CPU
+#: neither sentinel is a default: each costs 1.04x or more an unrecorded step there, every
+#: step (benchmarks/overhead.py), and the logged loss dates a NaN between recorded steps.
 DEFAULT_SCHEDULE = Schedule(every=100, dense=10)
 
 

@@ -108,6 +108,23 @@ def test_a_collapsed_head_alerts_once_naming_its_module_head_and_first_step():
     )
 
 
+def test_a_head_far_below_both_bounds_alerts_at_its_first_recorded_step():
+    # The default schedule: steps 0 to 9, then 100. At 100 one head is at 0.05 nats, 0.012
+    # of the most its keys allow: one step, so quiet until the next, 200.
+    steps = [*range(10), 100]
+    rows = [r for r in _collapse(101, {100}, head=1) if r.step in steps]
+    assert _run(_monitor(), rows) == []
+    # At 0.01 nats it is below a fifth of both bounds: no odd batch goes there, and the next
+    # recorded step is too late to wait for.
+    deep = [
+        r._replace(entropy_mean=0.01, entropy_frac=0.01 / UNIFORM) if r.entropy_mean == 0.05 else r
+        for r in rows
+    ]
+    [alert] = _run(_monitor(), deep)
+    assert (alert.step, alert.module, alert.tensor) == (100, "blocks.1.attn", "head 1")
+    assert "since step 100:" in alert.message
+
+
 def test_steps_and_fraction_are_options():
     rows = _collapse(30, set(range(11, 30)))
     [alert] = _run(_monitor(steps=1), rows)
@@ -198,7 +215,12 @@ def test_alerts_sort_by_step_among_the_other_rules():
     # rules' alerts are as without it, and the flush's alerts come step by step.
     rng = random.Random(3)
     infos = model(rng)
-    options = {"loss_spike": False, "dead": {"steps": 1}, "activation_drift": {"factor": 10.0}}
+    options = {
+        "loss_spike": False,
+        "scaler_skips": False,  # the scalars' rules come after the rows'
+        "dead": {"steps": 1},
+        "activation_drift": {"factor": 10.0},
+    }
     plain = HealthMonitor(parse_alerts(options), infos)
     monitor = HealthMonitor(parse_alerts(options), infos)
     seen: set[int] = set()

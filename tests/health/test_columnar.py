@@ -38,7 +38,10 @@ def _options(rng: random.Random) -> dict[str, object]:
     return {
         "dead": {"steps": rng.choice((1, 2, 3)), "clear_below": rng.choice((0.5, 0.9))},
         "vanishing_grad": {"relative": rng.choice((10.0, 100.0, 1e3)), "steps": rng.choice((1, 2))},
-        "exploding_grad": {"exploding_above": rng.choice((1.0, 1e3))},
+        "exploding_grad": {
+            "exploding_above": rng.choice((1.0, 1e3)),
+            "growth": rng.choice((3.0, 100.0)),
+        },
         "update_ratio": {"warmup": rng.choice((0, 5, 20)), "high": rng.choice((0.1, 10.0))},
         "activation_drift": {
             "factor": rng.choice((10.0, 100.0)),
@@ -54,8 +57,9 @@ def test_random_flushes_give_the_alerts_of_the_per_row_rules(seed):
     infos = model(rng)
     config = parse_alerts(_options(rng))
     left_out = rng.choice((None, frozenset(), frozenset({(infos[1].name, "weight")})))
-    columnar = HealthMonitor(config, infos, left_out)
-    rowwise = RowwiseMonitor(config, infos, left_out)
+    matrices = rng.choice((None, frozenset((info.name, "weight") for info in infos)))
+    columnar = HealthMonitor(config, infos, left_out, matrices=matrices)
+    rowwise = RowwiseMonitor(config, infos, left_out, matrices=matrices)
     found: list[Alert] = []
     for number, (chunks, scalars) in zip(range(30), Flushes(seed, infos), strict=False):
         if number % 7 == 3:  # a logged call order changes the forward order
@@ -78,7 +82,7 @@ def test_random_flushes_fire_every_rule():
             rules |= {alert.rule for alert in monitor.observe(chunks, scalars)}
     assert rules == {
         "nonfinite", "dead", "vanishing_grad", "exploding_grad", "update_ratio",
-        "activation_drift", "loss_spike",
+        "activation_drift", "loss_spike", "scaler_skips",
     }  # fmt: skip
 
 

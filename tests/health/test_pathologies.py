@@ -32,14 +32,16 @@ def test_a_division_by_zero_is_found_at_its_step_and_module_by_the_sentinel():
     assert "2 (BlowUp)" in alert.message
 
 
-def test_without_the_sentinel_the_alert_says_between_which_steps():
+def test_without_the_sentinel_the_first_non_finite_loss_dates_the_episode():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), BlowUp(at=13), nn.Linear(16, 1))
     scope = train(model, 21, every=layerscope.Schedule(every=10, sentinel=False))
+    # The loss, logged every step, is NaN from step 13; no layer was watched then, and the
+    # recorded step 20 is the same episode: one alert, naming no layer.
     [alert] = _alerts(scope, "nonfinite").itertuples()
-    # Step 13 poisons the weights: step 20, the next recorded, is where it shows.
-    assert alert.step == 20
-    assert "between steps 11 and 20" in alert.message
+    assert (alert.step, alert.module, alert.tensor) == (13, "", "loss")
+    assert "the loss is nan (finite at step 12" in alert.message
+    assert "the last watched: step 10" in alert.message
     assert "Schedule(sentinel=True)" in alert.message
 
 
@@ -112,7 +114,7 @@ def test_a_layer_left_out_of_the_optimizer_has_an_update_ratio_of_zero():
     ratio = _alerts(scope, "update_ratio")
     assert set(zip(ratio.module, ratio.tensor, strict=True)) == {("2", "weight"), ("2", "bias")}
     assert (ratio.value == 0.0).all()
-    assert ratio.step.min() == 1  # two recorded steps in a row: 0 and 1
+    assert ratio.step.min() == 0  # noted as left out at the optimizer's step: one step tells
     assert "optimizer's parameter groups" in ratio.message.iloc[0]
 
 

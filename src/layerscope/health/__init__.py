@@ -6,18 +6,23 @@ episode gives one alert: a row of the ``alerts`` table and one log line on the t
 (logger ``layerscope``).
 """
 
+from layerscope.health._accumulating_grad import CARRIED_SCALAR, accumulation_probe
 from layerscope.health._alert import SEVERITIES, Alert
 from layerscope.health._config import RULES, AlertsConfig, parse_alerts
 from layerscope.health._dead_units import dead_units
+from layerscope.health._eval_mode import EVAL_MODE_SCALAR
 from layerscope.health._monitor import HealthMonitor
 from layerscope.health._update_ratio import left_out_of
 
 __all__ = [
+    "CARRIED_SCALAR",
+    "EVAL_MODE_SCALAR",
     "RULES",
     "SEVERITIES",
     "Alert",
     "AlertsConfig",
     "HealthMonitor",
+    "accumulation_probe",
     "dead_units",
     "left_out_of",
     "parse_alerts",

@@ -77,24 +77,30 @@ def _counts_through(binade: Tensor, end: Tensor, binades: int) -> tuple[Tensor, 
     return histogram.reshape(len(ends), binades).cumsum(1).cumsum(0), group
 
 
-def medians_after(scales: list[float], positions: list[int]) -> dict[int, float]:
-    """The exact median of ``scales`` after each of ``positions``; NaN with fewer than two."""
+def medians_after(scales: list[float], positions: list[int]) -> dict[int, tuple[float, float]]:
+    """The two middle values of ``scales`` after each of ``positions``; NaN with fewer than two.
+
+    An odd count's middle value comes twice. Of an even count the rules take the middle value
+    nearer the layer's own scale: the lower to call it vanishing, the upper to call it
+    exploding. Where the layers after it are of two branches (a decoder's last layer and an
+    auxiliary head), the mean of the middle two is the larger branch's, not its own's.
+    """
     if len(positions) > 8:  # many: one walk from the last layer, keeping the scales sorted
-        medians: dict[int, float] = {}
+        medians: dict[int, tuple[float, float]] = {}
         after: list[float] = []
         wanted = set(positions)
         for position in range(len(scales) - 1, -1, -1):
             if position in wanted:
-                medians[position] = _median(after)
+                medians[position] = _middles(after)
             bisect.insort(after, scales[position])
         return medians
-    return {position: _median(sorted(scales[position + 1 :])) for position in positions}
+    return {position: _middles(sorted(scales[position + 1 :])) for position in positions}
 
 
-def _median(ordered: list[float]) -> float:
+def _middles(ordered: list[float]) -> tuple[float, float]:
     if len(ordered) < 2:
-        return math.nan
+        return math.nan, math.nan
     middle = len(ordered) // 2
     if len(ordered) % 2:
-        return ordered[middle]
-    return (ordered[middle - 1] + ordered[middle]) / 2
+        return ordered[middle], ordered[middle]
+    return ordered[middle - 1], ordered[middle]

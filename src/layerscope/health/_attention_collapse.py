@@ -23,6 +23,10 @@ _ADVICE = (
 
 Head = tuple[str, int, int]  # (module, call, head)
 
+# A head below a fifth of both bounds alerts at its first such recorded step: no odd batch
+# takes a healthy head there, and recorded steps may be far apart (one in 100 by default).
+_DEEP = 5
+
 
 class AttentionCollapse:
     """A head's mean attention entropy far below its start, and near one-hot in absolute terms.
@@ -30,7 +34,8 @@ class AttentionCollapse:
     The start is a head's mean ``entropy_mean`` over its first ``baseline`` recorded training
     steps. A head collapses where its entropy is below ``fraction`` times its start and its
     ``entropy_frac`` (entropy over the most its keys allow) below ``frac_below``, for ``steps``
-    recorded steps in a row; back to twice either bound, for as many steps, ends the episode.
+    recorded steps in a row, or at once where it is below a fifth of both; back to twice
+    either bound, for as many steps, ends the episode.
     A head is keyed by its module, call and head; rows of one step and head (one per rank,
     where ranks' rows are merged) are averaged. Evaluation rows are left out.
 
@@ -109,13 +114,14 @@ class AttentionCollapse:
         share = entropy / start
         # A NaN fraction (queries with one key only) compares False: it never holds.
         holds = share < self._fraction and frac < self._frac_below
+        deep = share < self._fraction / _DEEP and frac < self._frac_below / _DEEP
         clear = share >= 2 * self._fraction or frac >= 2 * self._frac_below
         state = True if holds else (False if clear else None)
         if state:
             self._since.setdefault(head, step)
         elif state is False:
             self._since.pop(head, None)
-        if not self._episodes.observe(head, state):
+        if not self._episodes.observe(head, state, at_once=deep):
             return []
         since = self._since.pop(head, step)
         return [self._alert(step, head, entropy, share, frac, keys, since)]

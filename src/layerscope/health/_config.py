@@ -7,12 +7,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layerscope._limits import RULE_OPTION_BOUNDS, WHOLE_RULE_OPTIONS, check_within
+from layerscope.health._accumulating_grad import AccumulatingGrad
 from layerscope.health._attention_collapse import AttentionCollapse
+from layerscope.health._constant_input import ConstantInput
 from layerscope.health._dead import Dead
 from layerscope.health._drift import ActivationDrift
+from layerscope.health._eval_mode import EvalMode
 from layerscope.health._gradients import Gradients
+from layerscope.health._loss_collapse import LossCollapse
 from layerscope.health._loss_spike import LossSpike
 from layerscope.health._nonfinite import NonFinite
+from layerscope.health._scaler_skips import ScalerSkips
 from layerscope.health._update_ratio import UpdateRatio
 
 # Each rule's name, and the class that evaluates it (two rules share Gradients).
@@ -24,7 +29,12 @@ RULES: dict[str, type] = {
     "update_ratio": UpdateRatio,
     "activation_drift": ActivationDrift,
     "loss_spike": LossSpike,
+    "loss_collapse": LossCollapse,
+    "scaler_skips": ScalerSkips,
     "attention_collapse": AttentionCollapse,
+    "accumulating_grad": AccumulatingGrad,
+    "constant_input": ConstantInput,
+    "eval_mode": EvalMode,
 }
 
 

@@ -18,8 +18,9 @@ from layerscope.health._small_ops import put, put_at, take
 class ActivationDrift:
     """The root mean square of each output against its start.
 
-    The start is the median over its first ``baseline`` recorded training steps: a layer
-    initialised near zero (a classifier's logits) grows fast in its first steps, as it should.
+    The start is the median over its first ``baseline`` recorded training steps that were not
+    skipped: a layer initialised near zero (a classifier's logits) grows fast in its first
+    steps, as it should.
 
     Options: ``factor`` (100: that many times larger or smaller), ``steps`` (2 recorded steps
     in a row), ``baseline`` (5); back within ``sqrt(factor)`` of the start clears it.
@@ -46,9 +47,13 @@ class ActivationDrift:
             return []
         self._grow(len(self._codes.pairs.values))
         rms = flush.rms
+        # A step GradScaler skipped changed no weight: its outputs are the untrained ones of
+        # the step before, no start to measure training's drift from.
+        skipped = torch.tensor([view.skipped for view in flush.views], dtype=torch.bool)
         at = (
             (
                 flush.judged_rows()
+                & ~take(skipped, flush.view)
                 & (flush.field(KIND) == ACTIVATION)
                 & (flush.field(FIRST_CALL) == 1)
                 & ~flush.nonfinite

@@ -30,8 +30,12 @@ class Episodes:
         """
         return self._open | set(self._streak)
 
-    def observe(self, key: Hashable, holds: bool | None) -> bool:
-        """Note one observation of ``key``; True exactly when it opens an episode."""
+    def observe(self, key: Hashable, holds: bool | None, at_once: bool = False) -> bool:
+        """Note one observation of ``key``; True exactly when it opens an episode.
+
+        ``at_once`` (with ``holds``) opens it without waiting for ``patience``: for a
+        condition so far past its bound that no single odd observation reaches it.
+        """
         if holds is None:
             return False
         if key in self._open:
@@ -51,7 +55,7 @@ class Episodes:
             return False
         streak = self._streak.get(key, 0) + 1
         self._streak[key] = streak
-        if streak >= self._patience:
+        if streak >= self._patience or at_once:
             self._open.add(key)
             return True
         return False

@@ -122,3 +122,39 @@ def _medians(ordered: Tensor, counts: Tensor) -> Tensor:
     upper = ordered.gather(1, middle).squeeze(1)
     lower = ordered.gather(1, (middle - 1).clamp(min=0)).squeeze(1)
     return torch.where(counts & 1 == 1, upper, (lower + upper) / 2)
+
+
+class RecentScales:
+    """Each key's last ``size`` scales, in a ring, and the median of them: its usual scale.
+
+    The gradient rules judge a layer's gradient against its own recent past as well as against
+    the layers after it: a scale far above its usual one has grown.
+    """
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._count = torch.zeros(0, dtype=torch.int64)  # appended so far, by key
+        self._scales = torch.zeros((0, size), dtype=torch.float64)
+
+    def usual(self, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """Each key's median of its held scales (NaN where none), and how many it holds."""
+        self._grow(int(keys.max()) + 1 if len(keys) else 0)
+        held = take(self._count, keys).clamp(max=self.size)
+        present = torch.arange(self.size) < held[:, None]
+        scales = torch.where(present, take(self._scales, keys), math.inf)
+        usual = _medians(scales.sort(dim=1).values, held.clamp(min=1))
+        return torch.where(held > 0, usual, math.nan), held
+
+    def append(self, keys: Tensor, scales: Tensor) -> None:
+        """Append one scale to each of ``keys`` (distinct)."""
+        self._grow(int(keys.max()) + 1 if len(keys) else 0)
+        place = take(self._count, keys) % self.size
+        put_at(self._scales, keys, place, scales)
+        self._count.index_add_(0, keys, torch.ones_like(keys))
+
+    def _grow(self, size: int) -> None:
+        more = size - len(self._count)
+        if more > 0:
+            self._count = torch.cat([self._count, torch.zeros(more, dtype=torch.int64)])
+            blank = torch.zeros((more, self.size), dtype=torch.float64)
+            self._scales = torch.cat([self._scales, blank])

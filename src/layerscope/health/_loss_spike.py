@@ -1,4 +1,4 @@
-"""``loss_spike``: a sudden jump of the loss, and the layers whose statistics moved first."""
+"""``loss_spike``: a loss that diverges or jumps, and the layers whose statistics moved first."""
 
 from __future__ import annotations
 
@@ -9,28 +9,35 @@ from layerscope.health._alert import Alert
 from layerscope.health._codes import ACTIVATION, FIRST_CALL, GRAD, KIND, SLOT, Codes
 from layerscope.health._episodes import Episodes
 from layerscope.health._histories import Histories
+from layerscope.health._loss_levels import RecentLoss, low, noise, since_low
 from layerscope.health._readings import Flush
 from layerscope.health._small_ops import take
 
 
 class LossSpike:
-    """The scalar ``scalar`` ("loss") far above its recent level.
+    """The scalar ``scalar`` ("loss") climbing away from its recent low, or jumping far above.
 
-    Its level is a moving mean and mean absolute deviation (weight ``1 / window``) that spikes
-    do not move; a value above ``mean + sigmas * deviation`` and ``ratio`` times the mean,
-    after ``warmup`` values, is a spike. The alert names the layers whose scale (root mean
-    square of activations and gradients) left its usual range earliest in the ``window``
-    recorded steps up to the spike.
+    On the log scale, against the last ``window`` values (after ``warmup`` of them): their
+    low (the least median of a few in a row, which the fall of the first steps does not
+    raise) and their noise (the median absolute deviation of the steps between values). A
+    value ``sigmas`` noises above the low is a spike where the loss is diverging (the value
+    before was half as far above the low already, this one is the highest since the low and
+    ``ratio`` times it) or where it is ``jump`` times the low at once. A jump that falls back
+    at the next step is not divergence (a new head, a hard batch). The alert names the layers
+    whose scale (root mean square of activations and gradients) left its usual range earliest
+    in the ``window`` recorded steps up to the spike. A scalar that is not positive is not
+    judged (its window starts again).
 
-    Options: ``scalar`` ("loss"), ``sigmas`` (6), ``ratio`` (1.5), ``window`` (20),
-    ``warmup`` (10).
+    Options: ``scalar`` ("loss"), ``sigmas`` (4), ``ratio`` (1.2), ``jump`` (5),
+    ``window`` (20), ``warmup`` (10).
     """
 
     name = "loss_spike"
     defaults: ClassVar[dict[str, Any]] = {
         "scalar": "loss",
-        "sigmas": 6.0,
-        "ratio": 1.5,
+        "sigmas": 4.0,
+        "ratio": 1.2,
+        "jump": 5.0,
         "window": 20,
         "warmup": 10,
     }
@@ -41,6 +48,7 @@ class LossSpike:
         scalar: str,
         sigmas: float,
         ratio: float,
+        jump: float,
         window: float,
         warmup: float,
     ) -> None:
@@ -48,11 +56,10 @@ class LossSpike:
         self._scalar = scalar
         self._sigmas = sigmas
         self._ratio = ratio
+        self._jump = jump
         self._window = int(window)
         self._warmup = int(warmup)
-        self._mean = math.nan
-        self._deviation = 0.0
-        self._seen = 0
+        self._recent = RecentLoss(self._window)
         self._episodes = Episodes()
         self._scales = Histories()  # by (module, kind, tensor) id
 
@@ -84,24 +91,24 @@ class LossSpike:
     def observe_scalar(self, step: int, name: str, value: float) -> list[Alert]:
         """Alerts of one scalar."""
         if name != self._scalar or not math.isfinite(value):
+            return []  # a non-finite loss is nonfinite's
+        logs = self._recent.logs  # the values before this one
+        self._recent.add(value)
+        if len(logs) < max(self._warmup, 2) or value <= 0:
             return []
-        self._seen += 1
-        if self._seen == 1:
-            self._mean = value
-            return []
-        level = self._mean
-        spread = max(self._deviation, 1e-3 * abs(level))
-        spike = (
-            self._seen > self._warmup
-            and value > level + self._sigmas * spread
-            and value > self._ratio * level
+        level, spread = low(logs), noise(logs)
+        rise = math.log(value) - level
+        far = rise > self._sigmas * spread
+        # Still climbing from the low, the step before already above it: diverging. A jump
+        # that then falls back (a new head, a hard batch) is not, unless it is a big one.
+        climbing = (
+            logs[-1] - level > self._sigmas / 2 * spread
+            and math.log(value) >= max(since_low(logs))
+            and rise > math.log(self._ratio)
         )
-        calm = value < level + self._sigmas / 2 * spread
+        spike = far and (climbing or rise > math.log(self._jump))
+        calm = rise < self._sigmas / 2 * spread
         opened = self._episodes.observe(name, True if spike else (False if calm else None))
-        if not spike:  # spikes do not move the level
-            weight = 1 / self._window
-            self._deviation += weight * (abs(value - level) - self._deviation)
-            self._mean += weight * (value - level)
         if not opened:
             return []
         moved = self._moved_first(step)
@@ -121,10 +128,13 @@ class LossSpike:
                 tensor=first[2],
                 severity="warning",
                 value=value,
-                threshold=level + self._sigmas * spread,
+                threshold=math.exp(level + self._sigmas * spread),
                 message=(
-                    f"{name} spiked at step {step}: {value:.4g}, {value / level:.3g} times its "
-                    f"recent level {level:.4g}{cause}"
+                    f"{name} {'climbed' if climbing else 'spiked'} at step {step}: "
+                    f"{value:.4g}, {math.exp(rise):.3g} times its recent low "
+                    f"{math.exp(level):.4g} (the last {len(logs)} values; its noise "
+                    f"{spread:.1%} a step){cause}; try a lower learning rate, a longer "
+                    "warm-up or gradient clipping, and look at the layers named first"
                 ),
             )
         ]

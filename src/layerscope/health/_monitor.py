@@ -10,19 +10,24 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
+from layerscope.health._accumulating_grad import AccumulatingGrad, accumulation_probe
 from layerscope.health._alert import Alert
 from layerscope.health._attention_collapse import AttentionCollapse
 from layerscope.health._codes import Codes
 from layerscope.health._config import AlertsConfig
+from layerscope.health._constant_input import ConstantInput
 from layerscope.health._dead import Dead
 from layerscope.health._drift import ActivationDrift
+from layerscope.health._eval_mode import EvalMode
 from layerscope.health._gradients import Gradients
+from layerscope.health._loss_collapse import LossCollapse
 from layerscope.health._loss_spike import LossSpike
 from layerscope.health._nonfinite import NonFinite
 from layerscope.health._order import ModuleOrder
 from layerscope.health._readings import read_flush
 from layerscope.health._roots import Roots
-from layerscope.health._update_ratio import UpdateRatio, left_out_of
+from layerscope.health._scaler_skips import ScalerSkips
+from layerscope.health._update_ratio import UpdateRatio, left_out_of, matrices_of
 from layerscope.model import AttentionRow, CallEvent, ModuleInfo, StatsRows
 
 _log = logging.getLogger("layerscope")
@@ -41,6 +46,8 @@ class HealthMonitor:
         config: AlertsConfig,
         modules: Sequence[ModuleInfo],
         left_out: frozenset[tuple[str, str]] | None = None,
+        probe: tuple[str, str] | None = None,
+        matrices: frozenset[tuple[str, str]] | None = None,
     ) -> None:
         self.order = ModuleOrder(modules)
         self._codes = Codes(self.order)
@@ -49,9 +56,12 @@ class HealthMonitor:
         self.flushes = 0  # flushes whose rows the rules read
         self.rows = 0
         rules = config.rules
-        self._rules: list[NonFinite | Dead | Gradients | UpdateRatio | ActivationDrift] = []
-        if "nonfinite" in rules:
-            self._rules.append(NonFinite(self.order))
+        self._rules: list[
+            NonFinite | Dead | Gradients | UpdateRatio | ActivationDrift | ConstantInput
+        ] = []
+        self._nonfinite = NonFinite(self.order) if "nonfinite" in rules else None
+        if self._nonfinite is not None:
+            self._rules.append(self._nonfinite)
         if "dead" in rules:
             self._rules.append(Dead(self._codes, **rules["dead"]))
         gradients = [name for name in Gradients.rules if name in rules]
@@ -59,17 +69,31 @@ class HealthMonitor:
             options = {**rules.get("vanishing_grad", {}), **rules.get("exploding_grad", {})}
             self._rules.append(Gradients(self._codes, **options, enabled=tuple(gradients)))
         if "update_ratio" in rules:
-            self._rules.append(UpdateRatio(self._codes, **rules["update_ratio"], left_out=left_out))
+            options = rules["update_ratio"]
+            self._rules.append(
+                UpdateRatio(self._codes, **options, left_out=left_out, matrices=matrices)
+            )
         if "activation_drift" in rules:
             self._rules.append(ActivationDrift(self._codes, **rules["activation_drift"]))
+        if "constant_input" in rules:
+            self._rules.append(ConstantInput(self._codes))
         self._loss = (
             LossSpike(self._codes, **rules["loss_spike"]) if "loss_spike" in rules else None
+        )
+        self._collapse = (
+            LossCollapse(**rules["loss_collapse"]) if "loss_collapse" in rules else None
+        )
+        self._skips = (
+            ScalerSkips(self._codes, **rules["scaler_skips"]) if "scaler_skips" in rules else None
         )
         self._attention = (
             AttentionCollapse(self.order, **rules["attention_collapse"])
             if "attention_collapse" in rules
             else None
         )
+        # The (module, parameter) whose gradient is watched across optimizer steps.
+        self._carried = AccumulatingGrad(probe) if "accumulating_grad" in rules else None
+        self._eval_mode = EvalMode(self.order) if "eval_mode" in rules else None
         self._pending: list[Alert] = []
         self._lock = threading.Lock()
         self._skipped: set[int] = set()  # steps marked skipped whose rows may still come
@@ -85,7 +109,16 @@ class HealthMonitor:
         """The monitor of a run watching ``targets``; None where no rule is on."""
         if not config.rules:
             return None
-        return cls(config, modules, left_out_of(targets, optimizers))
+        watched = list(targets)
+        probe = accumulation_probe(watched, optimizers)
+        probed = None if probe is None else probe[:2]
+        return cls(config, modules, left_out_of(watched, optimizers), probed, matrices_of(watched))
+
+    def note_stalled(self, step: int, stalled: dict[tuple[str, str], str]) -> None:
+        """Which parameters cannot learn at recorded ``step``, and why (the training thread's)."""
+        for rule in self._rules:
+            if isinstance(rule, UpdateRatio):
+                rule.note_stalled(step, stalled)
 
     def learn_calls(self, calls: Sequence[CallEvent]) -> None:
         """Take the call order of a recorded step: the forward order of modules."""
@@ -110,6 +143,8 @@ class HealthMonitor:
         flush = read_flush(chunks, self._codes, self._roots)
         for view in flush.views:
             view.skipped = view.step in self._skipped
+        if self._nonfinite is not None:  # the losses, read in step order with the rows
+            self._nonfinite.hear(scalars)
         # Each rule judges the whole flush; its alerts go step by step, then rule by rule.
         found = [
             ((flush.views[view].step, view, number, *within), alert)
@@ -127,12 +162,25 @@ class HealthMonitor:
         alerts = [alert for _, alert in sorted(found, key=lambda item: item[0])]
         if self._loss is not None:
             self._loss.observe(flush)
+        if self._skips is not None:
+            self._skips.observe(flush)
         recorded = [v.step for v in flush.views if v.judged]
         if recorded:  # a step's training rows come once
             self._skipped = {step for step in self._skipped if step > max(recorded)}
+        if self._nonfinite is not None:
+            alerts += self._nonfinite.loss_alerts()
         if self._loss is not None:
             for step, name, value in scalars:
                 alerts += self._loss.observe_scalar(step, name, value)
+        if self._collapse is not None:
+            for step, name, value in scalars:
+                alerts += self._collapse.observe_scalar(step, name, value)
+        if self._skips is not None:
+            alerts += self._skips.observe_scalars(scalars)
+        if self._carried is not None:
+            alerts += self._carried.observe_scalars(scalars)
+        if self._eval_mode is not None:
+            alerts += self._eval_mode.observe_scalars(scalars)
         if alerts:
             with self._lock:
                 self._pending += alerts

@@ -37,6 +37,16 @@ class ModuleOrder:
             return (0, self._exits[module])
         return (1, self._model_order.get(module, len(self._model_order)))
 
+    def called(self, module: str) -> bool:
+        """Whether the module has a place in the forward pass to rank it by.
+
+        Once a call order is known, only the modules it holds do: one never called as a
+        module (``nn.MultiheadAttention``'s ``out_proj``, whose weight its parent uses
+        directly) has no place among the others, and ``named_modules()`` order would put it
+        anywhere. Until then, every module is ranked by that order.
+        """
+        return not self._exits or module in self._exits
+
     def model(self, module: str) -> int:
         """The module's place in ``named_modules()`` order."""
         return self._model_order.get(module, len(self._model_order))

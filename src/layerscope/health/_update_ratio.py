@@ -30,7 +30,8 @@ from layerscope.health._codes import FIRST_CALL, KIND, PAIR, UPDATE, WEIGHT, WEI
 from layerscope.health._episodes import Episodes
 from layerscope.health._keyed import followed, latest
 from layerscope.health._readings import Flush, Reading
-from layerscope.health._small_ops import counts_by, put, take
+from layerscope.health._small_ops import counts_by, pieces, put, put_at, take
+from layerscope.health._stalled import StalledParameters, stall_message
 from layerscope.health._typical import typical_scales
 
 _SHAPE = ("mean", "std", "min", "max", "absmax", "l2")  # a weight's statistics, compared whole
@@ -39,6 +40,10 @@ _VISIBLE = 1e-3  # a gradient this large against its weight moves it past roundi
 # that moves the typical parameter by 1e-3 of its size moves this one by about 1e-7 of its
 # own, as much as float32's rounding.
 _NEGLIGIBLE = 1e-4
+# Before ``warmup``, a weight matrix's step this many times ``high`` (80% of the weight) is a
+# finding at once: a rate far too high. Healthy recipes come near half of it in their first steps
+# (plain SGD at 20 with clipping, on an LSTM: 0.67).
+_EARLY = 8.0
 
 
 def left_out_of(
@@ -61,16 +66,31 @@ def left_out_of(
     )
 
 
+def matrices_of(targets: Iterable[tuple[str, nn.Module]]) -> frozenset[tuple[str, str]]:
+    """The watched modules' own parameters of two dimensions or more: weight matrices."""
+    return frozenset(
+        (name, tensor)
+        for name, module in targets
+        for tensor, parameter in module.named_parameters(recurse=False)
+        if parameter.dim() >= 2
+    )
+
+
 class UpdateRatio:
     """||update|| / ||weight|| of each parameter, or its being exactly zero.
 
     Options: ``low`` (1e-7), ``high`` (0.1), ``steps`` (2 recorded steps in a row),
-    ``warmup`` (20). Measured ratios are judged from step ``warmup`` on: a parameter that
-    starts at zero (a bias, a LayerNorm's shift, a learned position table) has updates as
-    large as itself in its first steps, as it should. A ratio of exactly zero is judged at
-    once. Nothing is judged at a step with no update (marked skipped; without an optimizer,
-    one where no watched parameter changed), nor for a parameter whose gradient is below
-    1e-4 times the median of the step's parameter gradients (where ``weight_grad`` is kept).
+    ``warmup`` (20). Weight matrices (``matrices``) are judged
+    from the first step against eight times ``high``, one recorded step telling: a learning
+    rate far too high shows then, before the large steps have grown the weights. Other
+    parameters, and a matrix that starts at zero (seen as a weight equal to its update), are
+    judged from step ``warmup`` on: a parameter that starts at zero (a bias, a LayerNorm's
+    shift, a layer initialised to zero) has updates as large as itself in its first steps,
+    as it should. A
+    ratio of exactly zero is judged at once. Nothing is judged at a step with no update
+    (marked skipped; without an optimizer, one where no watched parameter changed), nor for a
+    parameter whose gradient is below 1e-4 times the median of the step's parameter gradients
+    (where ``weight_grad`` is kept).
     """
 
     name = "update_ratio"
@@ -84,8 +104,14 @@ class UpdateRatio:
         steps: float,
         warmup: float,
         left_out: frozenset[tuple[str, str]] | None = None,
+        matrices: frozenset[tuple[str, str]] | None = None,
     ) -> None:
         self._codes = codes
+        self._patience = int(steps)
+        # (module, tensor) of the parameters of two dimensions or more; None: not known.
+        self._matrices = matrices or frozenset()
+        self._matrix = torch.zeros(0, dtype=torch.bool)  # by (module, tensor) id
+        self._from_zero = torch.zeros(0, dtype=torch.bool)  # by id: seen starting at zero
         self._warmup = warmup
         # Parameters that need a gradient but are in no group of the optimizer watch() was
         # given; None: no optimizer was given, so unchanged weights tell instead.
@@ -97,6 +123,12 @@ class UpdateRatio:
         self._last = torch.zeros((0, len(_SHAPE)), dtype=torch.float64)
         self._known = torch.zeros(0, dtype=torch.bool)
         self._left = torch.zeros(0, dtype=torch.bool)  # by (module, tensor) id: left out
+        # Why parameters cannot learn, as the training thread noted it on recorded steps.
+        self.stalled = StalledParameters()
+
+    def note_stalled(self, step: int, stalled: dict[tuple[str, str], str]) -> None:
+        """Take the training thread's note of which parameters cannot learn at ``step``."""
+        self.stalled.note(step, stalled)
 
     def observe(self, flush: Flush) -> list[Found]:
         """Alerts of a flush's rows: each step's weights joined with their gradients, updates."""
@@ -137,21 +169,30 @@ class UpdateRatio:
             take(flush.nonfinite, grad_at) | ~(take(flush.rms, grad_at) > _NEGLIGIBLE * typical)
         )
         step = take(flush.step, weights)
+        found, noted = self._stalls(flush, view, weights, keys, update, negligible)
         judge = (
             ~take(skipped, view)
+            & ~noted
             & ~negligible
             & ~ratio.isnan()
-            & ~((ratio > 0) & (step < self._warmup))
+            & ~(
+                (ratio > 0)
+                & (step < self._warmup)
+                & (
+                    self._warming(flush, view, keys, update, shapes)
+                    | ~(ratio > self._high * _EARLY)
+                )
+            )
         )
         out = (ratio < self._low) | (ratio > self._high)
         chosen = judge & followed(keys, judge & out, self._episodes.active(), size)
         picked = chosen.nonzero().flatten()
-        found: list[Found] = []
         columns = (
             take(view, picked),
             take(weights, picked),
             take(ratio, picked),
             take(keys, picked),
+            take(has_grad, picked),
         )
         for at in sorted(zip(*(column.tolist() for column in columns), strict=True)):
             found += self._judge(flush, *at)
@@ -183,6 +224,34 @@ class UpdateRatio:
         valid = ~take(flush.nonfinite, weights) & (weight_l2 > 0)
         return torch.where(valid, ratio, math.nan)
 
+    def _warming(
+        self, flush: Flush, view: Tensor, keys: Tensor, update: Tensor, shapes: Tensor
+    ) -> Tensor:
+        """Which rows' measured ratios wait for the warm-up: all but matrices not from zero.
+
+        A weight equal to its update was zero before the step; once seen, at that step and
+        later ones of the flush and for good after it.
+        """
+        pairs = self._codes.pairs.values
+        if len(self._matrix) != len(pairs):
+            self._matrix = torch.tensor(
+                [pair in self._matrices for pair in pairs], dtype=torch.bool
+            )
+            more = len(pairs) - len(self._from_zero)
+            self._from_zero = torch.cat([self._from_zero, torch.zeros(more, dtype=torch.bool)])
+        at = update.clamp(min=0)
+        moved = torch.stack([take(flush.stats[name], at) for name in _SHAPE], dim=1)
+        equal = (moved == shapes) | (moved.isnan() & shapes.isnan())
+        zero = (update >= 0) & (equal.all(dim=1) | (shapes[:, _SHAPE.index("l2")] == 0))
+        views, size = len(flush.views), len(pairs)
+        seen = torch.zeros((size, views), dtype=torch.int64)
+        put_at(seen, keys, view, zero.long())
+        for first, last in pieces(size, views):
+            seen[first:last] = seen[first:last].cummax(1).values
+        from_zero = take(self._from_zero, keys) | take(seen.view(-1), keys * views + view).bool()
+        put(self._from_zero, take(keys, zero.nonzero().flatten()), True)
+        return ~take(self._matrix, keys) | from_zero
+
     def _left_table(self) -> Tensor:
         pairs = self._codes.pairs.values
         if len(self._left) != len(pairs):
@@ -204,18 +273,86 @@ class UpdateRatio:
         self._last.index_copy_(0, keys, take(shapes, rows))
         put(self._known, keys, True)
 
-    def _judge(self, flush: Flush, view: int, row: int, ratio: float, key: int) -> list[Found]:
+    def _stalls(
+        self,
+        flush: Flush,
+        view: Tensor,
+        weights: Tensor,
+        keys: Tensor,
+        update: Tensor,
+        negligible: Tensor,
+    ) -> tuple[list[Found], Tensor]:
+        """Alerts of the parameters noted as unable to learn, and which rows they cover.
+
+        A noted parameter is left to this, never to the measured ratio: a frozen backbone's
+        update is 0 as meant. One whose measured update is not 0 (a hand-written update of a
+        frozen parameter), or whose gradient is negligible, is no finding.
+        """
+        covered = torch.zeros(len(weights), dtype=torch.bool)
+        found: list[Found] = []
+        pairs, episodes = self._codes.pairs.values, self.stalled.episodes
+        for number, at in enumerate(flush.views):
+            if not at.judged or at.skipped:
+                continue
+            stalled, open_keys = self.stalled.at(at.step), episodes.active()
+            if not stalled and not open_keys:
+                continue
+            rows = (view == number).nonzero().flatten()
+            for position, key, moved in zip(
+                rows.tolist(),
+                take(keys, rows).tolist(),
+                (_moved(flush, take(update, rows)) | take(negligible, rows)).tolist(),
+                strict=True,
+            ):
+                pair = pairs[key]
+                reason = stalled.get(pair)
+                if reason is None:
+                    if pair in open_keys:
+                        episodes.observe(pair, False)
+                    continue
+                covered[position] = True
+                stall = self.stalled.stall(pair, reason)
+                if stall is None or moved or not episodes.observe(stall.key, True):
+                    continue
+                row = int(weights[position])
+                weight = flush.reading(row)
+                kind = self._codes.order.type_of(weight.module)
+                alert = Alert.on(
+                    weight,
+                    rule=self.name,
+                    kind="update",
+                    value=0.0,
+                    threshold=self._low,
+                    severity=stall.severity,
+                    message=f"update ratio of {weight.module or 'the model'} ({kind}) "
+                    f"{weight.tensor} is 0: "
+                    + stall_message(stall, weight.module, kind, weight.tensor, at.step),
+                )
+                found.append((number, (row,), alert))
+        return found, covered
+
+    def _judge(
+        self, flush: Flush, view: int, row: int, ratio: float, key: int, has_grad: bool
+    ) -> list[Found]:
         holds = ratio < self._low or ratio > self._high
         clear = self._low * 10 <= ratio <= self._high / 10
-        if not self._episodes.observe(key, True if holds else (False if clear else None)):
+        state = True if holds else (False if clear else None)
+        early = flush.views[view].step < self._warmup and ratio > self._high * _EARLY
+        times = self._patience if early else 1  # one early finding counts as ``steps``
+        if not any(self._episodes.observe(key, state) for _ in range(times)):
             return []
-        alert = self._alert(flush.views[view].step, flush.reading(row), ratio)
+        alert = self._alert(flush.views[view].step, flush.reading(row), ratio, has_grad)
         return [(view, (row,), alert)]
 
-    def _alert(self, step: int, weight: Reading, ratio: float) -> Alert:
+    def _alert(self, step: int, weight: Reading, ratio: float, has_grad: bool) -> Alert:
         name = weight.module or "the model"
         kind = self._codes.order.type_of(weight.module)
-        if ratio == 0.0:
+        if ratio == 0.0 and not has_grad:
+            how = (
+                "the optimizer never changes it, and it has no gradient: is it frozen "
+                "(requires_grad False) or unused by the forward pass, and meant to be?"
+            )
+        elif ratio == 0.0:
             how = (
                 "the optimizer never changes it although its gradient is not zero: is it in "
                 "the optimizer's parameter groups, with a learning rate above zero?"
@@ -232,6 +369,12 @@ class UpdateRatio:
             threshold=self._low if ratio < self._low else self._high,
             message=f"update ratio of {name} ({kind}) {weight.tensor} at step {step}: {how}",
         )
+
+
+def _moved(flush: Flush, update: Tensor) -> Tensor:
+    """Whether each update row (-1: none) says the parameter changed."""
+    measured = update >= 0
+    return measured & (take(flush.stats["l2"], update.clamp(min=0)) > 0)
 
 
 def _rows_at(rows: Tensor, flush: Flush, size: int) -> Tensor:

@@ -21,6 +21,7 @@ from layerscope.hooks._noise_scale import NoiseScale
 from layerscope.hooks._nonfinite_stop import nonfinite_error, stop_schedule
 from layerscope.hooks._optimizers import parse_optimizers
 from layerscope.hooks._parameters import ParameterReads, StepCall
+from layerscope.hooks._stalled import stalled_parameters
 from layerscope.hooks._steps import MicroBatchScalars, StepClock
 from layerscope.hooks._values import InputNames, named_tensors
 
@@ -41,5 +42,6 @@ __all__ = [
     "named_tensors",
     "nonfinite_error",
     "parse_optimizers",
+    "stalled_parameters",
     "stop_schedule",
 ]

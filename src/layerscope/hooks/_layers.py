@@ -27,6 +27,7 @@ from layerscope.hooks._call_log import CallLog
 from layerscope.hooks._cost import CostMeter
 from layerscope.hooks._handles import HookHandles, in_backward
 from layerscope.hooks._steps import StepClock
+from layerscope.hooks._train_modes import TrainModes
 from layerscope.hooks._values import InputNames, named_tensors
 from layerscope.model import CallEvent, Kind
 from layerscope.recording import Recorder, Target
@@ -85,6 +86,7 @@ class LayerHooks:
         self._entry_depth = 0
         self._pass_entries: set[int] = set()  # ids of the modules that entered this pass
         self._pass_ended = True  # a backward pass ended since the pass began
+        self._modes = TrainModes(root, [(t.name, m) for t, m in self._targets], recorder)
         self._call_counts: dict[tuple[str, str], int] = {}
         self._checkpointed: dict[str, list[int]] = {}  # calls whose grads wait for recompute
         self._call_log = CallLog(pipeline)
@@ -220,7 +222,7 @@ class LayerHooks:
         root = module is self._root
         if root and len(self._child_entry_handles):
             self._child_entry_handles.remove()  # the model is entered at its root
-        training = module.training and torch.is_grad_enabled()
+        training = self._modes.pass_begins(module, torch.is_grad_enabled())
         if (
             not root
             and not self._pass_ended
@@ -248,9 +250,17 @@ class LayerHooks:
     def backward_ended(self) -> None:
         """A backward pass has run: the next forward is a pass of its own."""
         self._pass_ended = True
+        self._modes.backward_ran()
 
-    def step_ended(self) -> None:
-        """The step in progress ends: its call order is sent; passes start over."""
+    def step_ended(self, stepped: bool = True) -> None:
+        """The step in progress ends: its call order is sent; passes start over.
+
+        ``stepped``: an optimizer step ended it (not skipped), so its passes trained.
+        """
+        try:
+            self._modes.step_ended(self._clock.step, stepped)
+        except Exception as error:
+            self._fail("reading the modules' train and eval modes", error)
         self.send_calls()
         self._calls_open = True
         self._pass_entries = set()  # the next forward begins a pass
@@ -266,7 +276,8 @@ class LayerHooks:
     def _phase(self) -> str:
         if self._entry_depth or self._pass_entries:  # in a pass, or right after its root left
             return TRAIN if self._clock.training else EVAL
-        return TRAIN if self._root.training and torch.is_grad_enabled() else EVAL
+        training = self._root.training or self._modes.trains_in_eval
+        return TRAIN if training and torch.is_grad_enabled() else EVAL
 
     def _on_enter(
         self,

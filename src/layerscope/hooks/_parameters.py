@@ -26,10 +26,12 @@ import torch
 from torch import Tensor, nn
 
 from layerscope.distributed import local_tensor, shard_label
+from layerscope.hooks._carried_grads import CarriedGradients
 from layerscope.hooks._cost import CostMeter
 from layerscope.hooks._grad_moment import after_backward_callbacks, closure_then
 from layerscope.hooks._handles import HookHandles, weak_hook
 from layerscope.hooks._optimizers import owned_by, step_held_back
+from layerscope.hooks._stalled import stalled_parameters
 from layerscope.hooks._steps import StepClock
 from layerscope.hooks._updates import UpdateSnapshot
 from layerscope.model import Kind
@@ -60,6 +62,8 @@ class ParameterReads:
         meter: the training thread's cost.
         fail: counts and warns of a monitoring failure.
         end_step: ends the training step (the first optimizer's step calls it).
+        note_stalled: takes, on each recorded step that an optimizer ended, the reason each
+            watched parameter cannot learn (``hooks._stalled``), for the health rules.
     """
 
     def __init__(
@@ -73,7 +77,11 @@ class ParameterReads:
         meter: CostMeter,
         fail: Callable[[str, BaseException], None],
         end_step: Callable[[], None],
+        note_stalled: Callable[[int, dict[tuple[str, str], str]], None] | None = None,
     ) -> None:
+        self._root = root
+        self._targets = list(targets)
+        self._note_stalled = note_stalled
         self._optimizers = list(optimizers)
         self._kinds = kinds
         self._clock = clock
@@ -85,6 +93,8 @@ class ParameterReads:
         self._buffers = _owned(targets, lambda m: m.named_buffers(recurse=False))
         self._probe = _probe(root, self._optimizers)
         self._snapshots = [UpdateSnapshot() for _ in self._optimizers]
+        # zero_grad() missing: the scalar grad_carried of a step (health's accumulating_grad).
+        self._carried = CarriedGradients(targets, self._optimizers, clock, recorder, meter, fail)
         self._positions: list[list[int]] = [[] for _ in self._optimizers]
         self._handles = HookHandles()
         self._grad_read_queued = False
@@ -105,6 +115,7 @@ class ParameterReads:
         ``on_backward`` is called once per backward pass, from the probe's hook.
         """
         self._on_backward = on_backward
+        self._carried.register()
         if self._probe is not None:
             self._handles.add(
                 self._probe.register_post_accumulate_grad_hook(weak_hook(self._on_probe_grad))  # type: ignore[no-untyped-call]  # untyped in torch
@@ -124,6 +135,9 @@ class ParameterReads:
     def remove(self) -> None:
         """Take every hook off and let go of the parameters and the update copies."""
         self._handles.remove()
+        self._carried.remove()
+        self._targets = []
+        self._note_stalled = None
         self._params = []
         self._buffers = []
         self._probe = None
@@ -167,6 +181,13 @@ class ParameterReads:
         """Weights and buffers as the step leaves them; a skipped step's gradients too."""
         if skipped:  # what backward left, unless zero_grad() has cleared it already
             self.read(Kind.WEIGHT_GRAD)
+        elif self._note_stalled is not None and self.optimizer_ended and self._optimizers:
+            # Just after the optimizer's step: the gradients it applied are still there.
+            try:
+                stalled = stalled_parameters(self._root, self._targets, self._optimizers)
+                self._note_stalled(self._clock.step, stalled)
+            except Exception as error:
+                self._fail("reading which parameters can learn", error)
         self.read(Kind.WEIGHT)
         self.read(Kind.BUFFER)
 

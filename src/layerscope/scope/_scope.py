@@ -123,6 +123,7 @@ class Scope(RecordedReads):
         except BaseException:
             self._claims.release()
             raise
+        health = HealthMonitor.for_run(config.alerts, self._modules, targets, optimizers)
         self._pipeline = Pipeline(
             self._sink,
             place=self._place,
@@ -133,7 +134,7 @@ class Scope(RecordedReads):
             flush_steps=10 if store is None else store.flush_steps,
             flush_seconds=5.0 if store is None else store.flush_seconds,
             queue_size=256 if store is None else store.queue_size,
-            health=HealthMonitor.for_run(config.alerts, self._modules, targets, optimizers),
+            health=health,
             rank_merge=rank_merge_for(config, self._identities, self._modules),
         )
         # A scope left open at exit is closed then, so the writer writes what it holds.
@@ -169,6 +170,7 @@ class Scope(RecordedReads):
             self._meter,
             self._fail,
             end_step=self._finish_step,
+            note_stalled=None if health is None else health.note_stalled,
         )
         self._noise = NoiseScale(self._root, targets, config.noise_scale, self._clock,
                                  self._recorder, self._meter, self._fail)  # fmt: skip
@@ -369,7 +371,7 @@ class Scope(RecordedReads):
             self._recorder.end_step(clock.step_records, scalars_follow=bool(self._optimizers))
         except Exception as error:
             self._fail("flushing a step", error)
-        self._layers.step_ended()
+        self._layers.step_ended(stepped=not skipped)
         ended = clock.end_step()
         if self._whole is not None:
             try:

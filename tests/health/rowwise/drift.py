@@ -14,8 +14,9 @@ from rowwise.readings import ModuleOrder, StepView
 class ActivationDrift:
     """The root mean square of each output against its start.
 
-    The start is the median over its first ``baseline`` recorded training steps: a layer
-    initialised near zero (a classifier's logits) grows fast in its first steps, as it should.
+    The start is the median over its first ``baseline`` recorded training steps that were not
+    skipped: a layer initialised near zero (a classifier's logits) grows fast in its first
+    steps, as it should.
 
     Options: ``factor`` (100: that many times larger or smaller), ``steps`` (2 recorded steps
     in a row), ``baseline`` (5); back within ``sqrt(factor)`` of the start clears it.
@@ -34,7 +35,7 @@ class ActivationDrift:
 
     def observe(self, view: StepView) -> list[Alert]:
         """Alerts of one step's rows."""
-        if view.phase != "train" or view.sentinel:
+        if view.phase != "train" or view.sentinel or view.skipped:
             return []
         alerts = []
         for reading in view.first_calls("activation"):

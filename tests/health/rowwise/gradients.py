@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from typing import Any, ClassVar
 
 from layerscope.health._alert import Alert
@@ -24,6 +25,7 @@ from rowwise.readings import ModuleOrder, Reading, StepView
 
 _KINDS = {"grad": "output", "weight_grad": "parameter"}
 _ABSOLUTE = ("weight_grad",)  # the kinds with absolute bounds: those in the optimizer's units
+RECENT = 8  # recorded steps of a layer's output gradient that say what its scale usually is
 
 
 class Gradients:
@@ -41,6 +43,7 @@ class Gradients:
         "exploding_above": 1e3,
         "relative": 1e3,
         "steps": 2,
+        "growth": 50.0,
     }
 
     def __init__(
@@ -50,16 +53,21 @@ class Gradients:
         exploding_above: float,
         relative: float,
         steps: float,
+        growth: float = 50.0,
         enabled: tuple[str, ...] = rules,
     ) -> None:
         self._order = order
         self._low = vanishing_below
         self._high = exploding_above
         self._relative = relative
+        self._grown_above = growth
         self._enabled = enabled
         self._episodes = {
             rule: Episodes(patience=int(steps), recovery=int(steps)) for rule in enabled
         }
+        exploding = "exploding_grad" in enabled
+        self._grown = Episodes(patience=1, recovery=int(steps)) if exploding else None
+        self._recent: dict[tuple[str, str, str], deque[float]] = {}
 
     def observe(self, view: StepView) -> list[Alert]:
         """Alerts of one step's rows."""
@@ -69,25 +77,106 @@ class Gradients:
             return []
         alerts = []
         for kind in _KINDS:
+            kept = [
+                r
+                for r in view.first_calls(kind)
+                if not r.nonfinite and r.rms > 0 and (kind == "grad" or r.tensor == "weight")
+            ]
+            growth = self._growth(kept) if kind == "grad" else {}
+            # A module the call order lacks has no place among the others: judged alone.
             layers = sorted(
-                (
-                    (r, r.rms)
-                    for r in view.first_calls(kind)
-                    if not r.nonfinite and r.rms > 0 and (kind == "grad" or r.tensor == "weight")
-                ),
-                key=lambda layer: self._order.forward(layer[0].module),
+                (r for r in kept if self._order.called(r.module)),
+                key=lambda r: self._order.forward(r.module),
             )
+            # Growth beyond the most any layer after it grew (at least 1).
+            most = 0.0
+            for reading in reversed(layers):
+                grown, held = growth.get(id(reading), (math.nan, 0))
+                excess = grown / max(1.0, most)
+                growth[id(reading)] = (grown, held, excess)
+                most = max(most, 0.0 if math.isnan(grown) else grown)
             # Gradients flow from the loss back: a layer is compared with those after it, whose
             # scales are kept sorted while walking from the last layer to the first.
             after: list[float] = []
-            for reading, rms in reversed(layers):
-                median = _median(after) if len(after) >= 2 else math.nan
-                alerts += self._judge(view, reading, rms, median, len(after))
-                bisect.insort(after, rms)
+            for reading in reversed(layers):
+                middles = _middles(after) if len(after) >= 2 else (math.nan, math.nan)
+                grown = growth.get(id(reading), (math.nan, 0, math.nan))
+                alerts += self._judge(view, reading, reading.rms, middles, len(after), grown)
+                bisect.insort(after, reading.rms)
+            for reading in kept:
+                if not self._order.called(reading.module):
+                    grown, held = growth.get(id(reading), (math.nan, 0))[:2]
+                    alerts += self._judge(
+                        view, reading, reading.rms, (math.nan, math.nan), 0, (grown, held, grown)
+                    )
         return alerts
 
+    def _growth(self, readings: list[Reading]) -> dict[int, Any]:
+        """Each reading's scale over the median of its last ``RECENT``, and how many; then
+        each joins its history."""
+        growth = {}
+        for reading in readings:
+            recent = self._recent.get((reading.module, reading.kind, reading.tensor), ())
+            usual = _median(sorted(recent)) if recent else math.nan
+            growth[id(reading)] = (reading.rms / usual, len(recent))
+        for reading in readings:
+            key = (reading.module, reading.kind, reading.tensor)
+            self._recent.setdefault(key, deque(maxlen=RECENT)).append(reading.rms)
+        return growth
+
     def _judge(
-        self, view: StepView, reading: Reading, rms: float, median: float, layers: int
+        self,
+        view: StepView,
+        reading: Reading,
+        rms: float,
+        middles: tuple[float, float],
+        layers: int,
+        grown: tuple[float, int, float],
+    ) -> list[Alert]:
+        found = self._judge_bounds(view, reading, rms, middles, layers)
+        alert = self._judge_growth(view, reading, grown, opened=bool(found))
+        return found if alert is None else [*found, alert]
+
+    def _judge_growth(
+        self, view: StepView, reading: Reading, grown: tuple[float, int, float], opened: bool
+    ) -> Alert | None:
+        if self._grown is None or reading.kind != "grad":
+            return None
+        growth, held, excess = grown
+        limit = self._grown_above
+        holds: bool | None = None
+        if excess > limit:
+            holds = True
+        elif math.isnan(excess) or excess < math.sqrt(limit):
+            holds = False
+        key = (reading.module, reading.kind, reading.tensor)
+        if not self._grown.observe(key, holds) or opened:
+            return None
+        if key in self._episodes["exploding_grad"].active():
+            return None
+        name = reading.module or "the model"
+        return Alert.on(
+            reading,
+            rule="exploding_grad",
+            value=excess,
+            threshold=limit,
+            message=(
+                f"exploding gradient at step {view.step}: the gradient of {name} "
+                f"({self._order.type_of(reading.module)}) output {reading.tensor} (root "
+                f"mean square): its scale {reading.rms:.3g} is {growth:.3g} times its median over "
+                f"its last {held} recorded steps, {excess:.3g} times the most any layer after it "
+                "grew. Output gradients are read before clipping: look for a loss or a loss "
+                "weight multiplied up, or a learning rate too high, and clip gradients"
+            ),
+        )
+
+    def _judge_bounds(
+        self,
+        view: StepView,
+        reading: Reading,
+        rms: float,
+        middles: tuple[float, float],
+        layers: int,
     ) -> list[Alert]:
         found = []
         compare = layers >= 2  # the layers after it, of which there are ``layers``
@@ -95,7 +184,7 @@ class Gradients:
             vanishing = rule == "vanishing_grad"
             bound = self._low if vanishing else self._high
             absolute = reading.kind in _ABSOLUTE and (rms < bound if vanishing else rms > bound)
-            ratio = rms / median
+            ratio = rms / middles[0 if vanishing else 1]  # of an even count, nearer its own
             relative = compare and (
                 ratio < 1 / self._relative if vanishing else ratio > self._relative
             )
@@ -130,6 +219,13 @@ class Gradients:
                 )
             )
         return found
+
+
+def _middles(ordered: list[float]) -> tuple[float, float]:
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle], ordered[middle]
+    return ordered[middle - 1], ordered[middle]
 
 
 def _median(ordered: list[float]) -> float:

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from layerscope.health._alert import Alert
 from layerscope.health._episodes import Episodes
+from layerscope.health._loss_levels import RecentLoss, low, noise, since_low
 from rowwise.readings import ModuleOrder, StepView
 
 _MOVED = 3.0  # a layer has moved when its scale is this many times off its usual one
@@ -18,23 +19,18 @@ _KINDS = ("activation", "grad")  # parameter gradients jump from batch to batch
 
 
 class LossSpike:
-    """The scalar ``scalar`` ("loss") far above its recent level.
+    """The scalar ``scalar`` ("loss") climbing away from its recent low, or jumping far above.
 
-    Its level is a moving mean and mean absolute deviation (weight ``1 / window``) that spikes
-    do not move; a value above ``mean + sigmas * deviation`` and ``ratio`` times the mean,
-    after ``warmup`` values, is a spike. The alert names the layers whose scale (root mean
-    square of activations and gradients) left its usual range earliest in the ``window``
-    recorded steps up to the spike.
-
-    Options: ``scalar`` ("loss"), ``sigmas`` (6), ``ratio`` (1.5), ``window`` (20),
-    ``warmup`` (10).
+    The scalar's judgement is the library's (``_loss_levels``); the layers' scales are kept and
+    read here row by row.
     """
 
     name = "loss_spike"
     defaults: ClassVar[dict[str, Any]] = {
         "scalar": "loss",
-        "sigmas": 6.0,
-        "ratio": 1.5,
+        "sigmas": 4.0,
+        "ratio": 1.2,
+        "jump": 5.0,
         "window": 20,
         "warmup": 10,
     }
@@ -45,6 +41,7 @@ class LossSpike:
         scalar: str,
         sigmas: float,
         ratio: float,
+        jump: float,
         window: float,
         warmup: float,
     ) -> None:
@@ -52,11 +49,10 @@ class LossSpike:
         self._scalar = scalar
         self._sigmas = sigmas
         self._ratio = ratio
+        self._jump = jump
         self._window = int(window)
         self._warmup = int(warmup)
-        self._mean = math.nan
-        self._deviation = 0.0
-        self._seen = 0
+        self._recent = RecentLoss(self._window)
         self._episodes = Episodes()
         self._scales: dict[tuple[str, str, str], deque[tuple[int, float]]] = {}
 
@@ -75,23 +71,20 @@ class LossSpike:
         """Alerts of one scalar."""
         if name != self._scalar or not math.isfinite(value):
             return []
-        self._seen += 1
-        if self._seen == 1:
-            self._mean = value
+        logs = self._recent.logs
+        self._recent.add(value)
+        if len(logs) < max(self._warmup, 2) or value <= 0:
             return []
-        level = self._mean
-        spread = max(self._deviation, 1e-3 * abs(level))
-        spike = (
-            self._seen > self._warmup
-            and value > level + self._sigmas * spread
-            and value > self._ratio * level
+        level, spread = low(logs), noise(logs)
+        rise = math.log(value) - level
+        climbing = (
+            logs[-1] - level > self._sigmas / 2 * spread
+            and math.log(value) >= max(since_low(logs))
+            and rise > math.log(self._ratio)
         )
-        calm = value < level + self._sigmas / 2 * spread
+        spike = rise > self._sigmas * spread and (climbing or rise > math.log(self._jump))
+        calm = rise < self._sigmas / 2 * spread
         opened = self._episodes.observe(name, True if spike else (False if calm else None))
-        if not spike:  # spikes do not move the level
-            weight = 1 / self._window
-            self._deviation += weight * (abs(value - level) - self._deviation)
-            self._mean += weight * (value - level)
         if not opened:
             return []
         moved = self._moved_first(step)
@@ -111,10 +104,13 @@ class LossSpike:
                 tensor=first[2],
                 severity="warning",
                 value=value,
-                threshold=level + self._sigmas * spread,
+                threshold=math.exp(level + self._sigmas * spread),
                 message=(
-                    f"{name} spiked at step {step}: {value:.4g}, {value / level:.3g} times its "
-                    f"recent level {level:.4g}{cause}"
+                    f"{name} {'climbed' if climbing else 'spiked'} at step {step}: "
+                    f"{value:.4g}, {math.exp(rise):.3g} times its recent low "
+                    f"{math.exp(level):.4g} (the last {len(logs)} values; its noise "
+                    f"{spread:.1%} a step){cause}; try a lower learning rate, a longer "
+                    "warm-up or gradient clipping, and look at the layers named first"
                 ),
             )
         ]

@@ -12,6 +12,7 @@ from torch import nn
 
 from layerscope.health._alert import Alert
 from layerscope.health._config import AlertsConfig
+from layerscope.health._loss_collapse import LossCollapse
 from layerscope.model import CallEvent, ModuleInfo, StatsRows
 from rowwise.dead import Dead
 from rowwise.drift import ActivationDrift
@@ -19,6 +20,7 @@ from rowwise.gradients import Gradients
 from rowwise.loss_spike import LossSpike
 from rowwise.nonfinite import NonFinite
 from rowwise.readings import ModuleOrder, step_views
+from rowwise.scaler_skips import ScalerSkips
 from rowwise.update_ratio import UpdateRatio, left_out_of
 
 _log = logging.getLogger("layerscope")
@@ -37,6 +39,7 @@ class HealthMonitor:
         config: AlertsConfig,
         modules: Sequence[ModuleInfo],
         left_out: frozenset[tuple[str, str]] | None = None,
+        matrices: frozenset[tuple[str, str]] | None = None,
     ) -> None:
         self.order = ModuleOrder(modules)
         self.seconds = 0.0  # the writer thread's time in the rules
@@ -53,10 +56,20 @@ class HealthMonitor:
             options = {**rules.get("vanishing_grad", {}), **rules.get("exploding_grad", {})}
             self._rules.append(Gradients(self.order, **options, enabled=tuple(gradients)))
         if "update_ratio" in rules:
-            self._rules.append(UpdateRatio(self.order, **rules["update_ratio"], left_out=left_out))
+            options = rules["update_ratio"]
+            self._rules.append(
+                UpdateRatio(self.order, **options, left_out=left_out, matrices=matrices)
+            )
         if "activation_drift" in rules:
             self._rules.append(ActivationDrift(self.order, **rules["activation_drift"]))
         self._loss = LossSpike(self.order, **rules["loss_spike"]) if "loss_spike" in rules else None
+        # loss_collapse reads the scalars only: the library's rule is its own reference.
+        self._collapse = (
+            LossCollapse(**rules["loss_collapse"]) if "loss_collapse" in rules else None
+        )
+        self._skips = (
+            ScalerSkips(self.order, **rules["scaler_skips"]) if "scaler_skips" in rules else None
+        )
         self._pending: list[Alert] = []
         self._lock = threading.Lock()
         self._skipped: set[int] = set()  # steps marked skipped whose rows may still come
@@ -95,12 +108,19 @@ class HealthMonitor:
                 alerts += rule.observe(view)
             if self._loss is not None:
                 self._loss.observe(view)
+            if self._skips is not None:
+                self._skips.observe_view(view)
         recorded = [v.step for v in views if v.phase == "train" and not v.sentinel]
         if recorded:  # a step's training rows come once
             self._skipped = {step for step in self._skipped if step > max(recorded)}
         if self._loss is not None:
             for step, name, value in scalars:
                 alerts += self._loss.observe_scalar(step, name, value)
+        if self._collapse is not None:
+            for step, name, value in scalars:
+                alerts += self._collapse.observe_scalar(step, name, value)
+        if self._skips is not None:
+            alerts += self._skips.observe_scalars(scalars)
         if alerts:
             with self._lock:
                 self._pending += alerts

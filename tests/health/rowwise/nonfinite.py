@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any, ClassVar
 
 from layerscope.health._alert import Alert
@@ -40,14 +42,38 @@ class NonFinite:
     def observe(self, view: StepView) -> list[Alert]:
         """Alerts of one step's rows."""
         bad = [r for r in view.readings if r.nonfinite]
-        if view.skipped and all(r.kind in _BACKWARD for r in bad):
-            # GradScaler's overflow: it skipped the step and lowers its scale, by design.
-            bad = []
+        nan_at_skip = False
+        if view.skipped and bad and all(r.kind in _BACKWARD for r in bad):
+            # GradScaler's overflow: it skipped the step and lowers its scale, by design;
+            # unless no Inf is among them.
+            nan_at_skip = not any(_holds_inf(r) for r in bad)
+            bad = bad if nan_at_skip else []
         previous = self._last_seen.get(view.phase)
         self._last_seen[view.phase] = view.step
         if not self._episodes.observe(view.phase, bool(bad)):
             return []
         origin, how = self._origin(bad, view)
+        unwatched = view.phase == "train" and (
+            (previous is not None and view.step > previous + 1)
+            or (previous is None and view.step > 0)
+        )
+        poisoned = unwatched and _poisoned(origin, bad)
+        if poisoned:
+            weights = ", ".join(
+                r.tensor for r in bad if r.kind == "weight" and r.module == origin.module
+            )
+            how = (
+                f"every value of {self._named(origin.module)}'s output {origin.tensor}, the first "
+                f"non-finite one in forward order, is non-finite, and so is its {weights}: an "
+                "update of an earlier step, not watched, poisoned the weights, so where the value "
+                "began is not among this step's; Schedule(sentinel=True) names the layer and step "
+                "where it is born"
+            )
+        if nan_at_skip:
+            how += (
+                "; the optimizer step was skipped (GradScaler), but the gradients hold NaN and "
+                "no Inf: an overflow makes an Inf first, and no scale makes this NaN go away"
+            )
         where = f"at step {view.step}"
         if view.phase == "train" and previous is not None and view.step > previous + 1:
             where = (
@@ -58,18 +84,19 @@ class NonFinite:
             where = f"at step {view.step} or before (the first step watched)"
         counts = _counts(origin)
         message = f"first non-finite value {where} ({view.phase}): {how}{counts}"
-        return [
-            Alert.on(
-                origin,
-                rule=self.name,
-                severity="error",
-                value=origin.get("nan_count") + origin.get("inf_count")
-                if not origin.sentinel
-                else float("nan"),
-                threshold=0.0,
-                message=message,
-            )
-        ]
+        alert = Alert.on(
+            origin,
+            rule=self.name,
+            severity="error",
+            value=origin.get("nan_count") + origin.get("inf_count")
+            if not origin.sentinel
+            else float("nan"),
+            threshold=0.0,
+            message=message,
+        )
+        if poisoned:
+            alert = dataclasses.replace(alert, module="", kind="weight", tensor="")
+        return [alert]
 
     def _origin(self, bad: list[Reading], view: StepView) -> tuple[Reading, str]:
         forward = sorted(
@@ -137,6 +164,19 @@ class NonFinite:
         kind = self._order.type_of(module)
         name = module or "the model"
         return f"{name} ({kind})" if kind else name
+
+
+def _holds_inf(reading: Reading) -> bool:
+    if not reading.sentinel:
+        return reading.get("inf_count") != 0
+    return math.isinf(reading.get("min")) or math.isinf(reading.get("max"))
+
+
+def _poisoned(origin: Reading, bad: list[Reading]) -> bool:
+    if origin.kind != "activation" or origin.sentinel:
+        return False
+    whole = origin.get("nan_count") + origin.get("inf_count") >= origin.get("numel")
+    return whole and any(r.kind == "weight" and r.module == origin.module for r in bad)
 
 
 def _counts(reading: Reading) -> str:

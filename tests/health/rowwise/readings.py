@@ -155,6 +155,10 @@ class ModuleOrder:
             return (0, self._exits[module])
         return (1, self._model_order.get(module, len(self._model_order)))
 
+    def called(self, module: str) -> bool:
+        """Whether the module has a place in the forward pass: every one until a call order."""
+        return not self._exits or module in self._exits
+
     def model(self, module: str) -> int:
         """The module's place in ``named_modules()`` order."""
         return self._model_order.get(module, len(self._model_order))

@@ -36,6 +36,7 @@ _VISIBLE = 1e-3  # a gradient this large against its weight moves it past roundi
 # that moves the typical parameter by 1e-3 of its size moves this one by about 1e-7 of its
 # own, as much as float32's rounding.
 _NEGLIGIBLE = 1e-4
+_EARLY = 8.0  # before the warm-up, a matrix's ratio this many times ``high`` is judged
 
 
 def left_out_of(
@@ -81,8 +82,12 @@ class UpdateRatio:
         steps: float,
         warmup: float,
         left_out: frozenset[tuple[str, str]] | None = None,
+        matrices: frozenset[tuple[str, str]] | None = None,
     ) -> None:
         self._order = order
+        self._patience = int(steps)
+        self._matrices = matrices or frozenset()
+        self._from_zero: set[tuple[str, str]] = set()  # a weight seen equal to its update
         self._warmup = warmup
         # Parameters that need a gradient but are in no group of the optimizer watch() was
         # given; None: no optimizer was given, so unchanged weights tell instead.
@@ -102,6 +107,10 @@ class UpdateRatio:
         shapes = {key: _shape(weight) for key, weight in weights.items()}
         before = {key: self._last_weights.get(key) for key in weights}
         self._last_weights.update(shapes)
+        for key, weight in weights.items():
+            update = updates.get(key)
+            if update is not None and (_shape(update) == shapes[key] or weight.get("l2") == 0):
+                self._from_zero.add(key)
         if view.skipped:  # no optimizer step: nothing was updated
             return []
         # Without an optimizer, weights that changed tell that the loop updates at all.
@@ -114,12 +123,16 @@ class UpdateRatio:
                 continue  # non-finite: the nonfinite rule's; negligible: nothing to apply
             unchanged = changed and before[key] == shapes[key]
             ratio = self._ratio(key, weight, grad, updates.get(key), unchanged)
-            if ratio is None or (ratio > 0 and view.step < self._warmup):
+            warming = key not in self._matrices or key in self._from_zero
+            early = ratio is not None and ratio > 0 and view.step < self._warmup
+            if ratio is None or (early and (warming or not ratio > self._high * _EARLY)):
                 continue
             holds = ratio < self._low or ratio > self._high
             clear = self._low * 10 <= ratio <= self._high / 10
-            if self._episodes.observe(key, True if holds else (False if clear else None)):
-                alerts.append(self._alert(view, weight, ratio))
+            state = True if holds else (False if clear else None)
+            times = self._patience if early and ratio > self._high * _EARLY else 1
+            if any(self._episodes.observe(key, state) for _ in range(times)):
+                alerts.append(self._alert(view, weight, ratio, grad is not None))
         return alerts
 
     def _ratio(
@@ -142,10 +155,15 @@ class UpdateRatio:
         flowing = grad is not None and not grad.nonfinite and grad.rms > _VISIBLE * weight.rms
         return 0.0 if flowing and unchanged else None
 
-    def _alert(self, view: StepView, weight: Reading, ratio: float) -> Alert:
+    def _alert(self, view: StepView, weight: Reading, ratio: float, has_grad: bool) -> Alert:
         name = weight.module or "the model"
         kind = self._order.type_of(weight.module)
-        if ratio == 0.0:
+        if ratio == 0.0 and not has_grad:
+            how = (
+                "the optimizer never changes it, and it has no gradient: is it frozen "
+                "(requires_grad False) or unused by the forward pass, and meant to be?"
+            )
+        elif ratio == 0.0:
             how = (
                 "the optimizer never changes it although its gradient is not zero: is it in "
                 "the optimizer's parameter groups, with a learning rate above zero?"
