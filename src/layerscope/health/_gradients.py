@@ -51,6 +51,7 @@ from layerscope.health._small_ops import counts_by, put, take
 _KINDS = {"grad": "output", "weight_grad": "parameter"}
 _ABSOLUTE = ("weight_grad",)  # the kinds with absolute bounds: those in the optimizer's units
 RECENT = 8  # recorded steps of a layer's output gradient that say what its scale usually is
+MIN_HISTORY = 2  # the fewest of them that do
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +184,9 @@ class Gradients:
             slots = take(flush.field(SLOT), take(rows, mine))
             scales = take(flush.rms, take(rows, mine))
             usual, held = self._recent.usual(slots)
+            # One earlier step is no usual scale: a head's first steps grow its input's
+            # gradient as fast as its weights grow from their initial values.
+            usual = usual.where(held >= MIN_HISTORY, math.nan)
             put(growth.growth, mine, scales / usual)
             put(growth.held, mine, held)
             self._recent.append(slots, scales)

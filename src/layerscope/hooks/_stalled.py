@@ -39,6 +39,7 @@ def stalled_parameters(
         >>> sgd = torch.optim.SGD(model.parameters(), lr=0.1)
         >>> model[0].bias.requires_grad_(False)
         Parameter containing:...
+        >>> model(torch.ones(1, 2)).sum().backward()
         >>> stalled_parameters(model, [("0", model[0])], [sgd])
         {('0', 'bias'): 'frozen'}
     """

@@ -26,6 +26,7 @@ from rowwise.readings import ModuleOrder, Reading, StepView
 _KINDS = {"grad": "output", "weight_grad": "parameter"}
 _ABSOLUTE = ("weight_grad",)  # the kinds with absolute bounds: those in the optimizer's units
 RECENT = 8  # recorded steps of a layer's output gradient that say what its scale usually is
+MIN_HISTORY = 2  # the fewest of them that do
 
 
 class Gradients:
@@ -117,7 +118,7 @@ class Gradients:
         growth = {}
         for reading in readings:
             recent = self._recent.get((reading.module, reading.kind, reading.tensor), ())
-            usual = _median(sorted(recent)) if recent else math.nan
+            usual = _median(sorted(recent)) if len(recent) >= MIN_HISTORY else math.nan
             growth[id(reading)] = (reading.rms / usual, len(recent))
         for reading in readings:
             key = (reading.module, reading.kind, reading.tensor)
