@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from layerscope.health._alert import Alert, Found
-from layerscope.health._codes import ACTIVATION, FIRST_CALL, KIND, MODULE, Codes
+from layerscope.health._codes import MODULE, Codes
 from layerscope.health._episodes import Episodes
 from layerscope.health._readings import Flush
 from layerscope.health._small_ops import take
@@ -42,12 +42,7 @@ class ConstantInput:
         """Alerts of a flush's rows: the first layer's output at each recorded step."""
         if not len(flush):
             return []
-        rows = (
-            flush.judged_rows()
-            & (flush.field(KIND) == ACTIVATION)
-            & (flush.field(FIRST_CALL) == 1)
-            & ~flush.nonfinite
-        )
+        rows = flush.finite_outputs()
         at = rows.nonzero().flatten()
         if not len(at):
             return []

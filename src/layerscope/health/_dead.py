@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from layerscope.health._alert import Alert, Found
-from layerscope.health._codes import ACTIVATION, FIRST_CALL, KIND, MODULE, PAIR, Codes
+from layerscope.health._codes import MODULE, PAIR, Codes
 from layerscope.health._episodes import Episodes
 from layerscope.health._keyed import followed
 from layerscope.health._readings import Flush, Reading
@@ -51,13 +51,7 @@ class Dead:
         """Alerts of a flush's rows: those at or above a limit, and those of open episodes."""
         if not len(flush):
             return []
-        rows = (
-            flush.judged_rows()
-            & (flush.field(KIND) == ACTIVATION)
-            & (flush.field(FIRST_CALL) == 1)
-            & ~flush.nonfinite  # the nonfinite rule's
-            & ~take(self._codes.passing(), flush.field(MODULE))
-        )
+        rows = flush.finite_outputs() & ~take(self._codes.passing(), flush.field(MODULE))
         active = self._episodes.active()
         pairs = flush.field(PAIR)
         judged: list[tuple[int, int, int]] = []  # (view, row, measure)

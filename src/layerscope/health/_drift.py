@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 
 from layerscope.health._alert import Alert, Found
-from layerscope.health._codes import ACTIVATION, FIRST_CALL, KIND, PAIR, Codes
+from layerscope.health._codes import PAIR, Codes
 from layerscope.health._episodes import Episodes
 from layerscope.health._keyed import earlier, followed
 from layerscope.health._readings import Flush
@@ -50,18 +50,7 @@ class ActivationDrift:
         # A step GradScaler skipped changed no weight: its outputs are the untrained ones of
         # the step before, no start to measure training's drift from.
         skipped = torch.tensor([view.skipped for view in flush.views], dtype=torch.bool)
-        at = (
-            (
-                flush.judged_rows()
-                & ~take(skipped, flush.view)
-                & (flush.field(KIND) == ACTIVATION)
-                & (flush.field(FIRST_CALL) == 1)
-                & ~flush.nonfinite
-                & (rms > 0)
-            )
-            .nonzero()
-            .flatten()
-        )
+        at = (flush.finite_outputs() & ~take(skipped, flush.view) & (rms > 0)).nonzero().flatten()
         keys, views, rms = take(flush.field(PAIR), at), take(flush.view, at), take(rms, at)
         seen = take(self._seen, keys) + earlier(views, keys, len(flush.views), len(self._seen))
         self._seen.scatter_add_(0, keys, torch.ones_like(keys))

@@ -52,9 +52,8 @@ class LossCollapse:
         """Alerts of one scalar."""
         if name != self._scalar or not math.isfinite(value):
             return []  # a non-finite loss is nonfinite's
-        logs = self._recent.logs  # the values before this one
-        self._recent.add(value)
-        if len(logs) < max(self._warmup, 2) or value <= 0:
+        logs = self._recent.judged(value, self._warmup)  # the values before this one
+        if logs is None:
             return []
         now = math.log(value)
         if self._fell_from is not None:

@@ -38,6 +38,18 @@ class RecentLoss:
         """The kept values' logarithms, oldest first."""
         return list(self._logs)
 
+    def judged(self, value: float, warmup: int) -> list[float] | None:
+        """Keep finite ``value``; the logs before it where it can be judged against them.
+
+        None while fewer than ``warmup`` (at least 2) values came before it, and for a value
+        <= 0 (no log scale).
+        """
+        logs = self.logs
+        self.add(value)
+        if len(logs) < max(warmup, 2) or value <= 0:
+            return None
+        return logs
+
     def add(self, value: float) -> None:
         """Keep finite ``value``; one <= 0 empties the window (it has no log scale)."""
         if value > 0:

@@ -92,9 +92,8 @@ class LossSpike:
         """Alerts of one scalar."""
         if name != self._scalar or not math.isfinite(value):
             return []  # a non-finite loss is nonfinite's
-        logs = self._recent.logs  # the values before this one
-        self._recent.add(value)
-        if len(logs) < max(self._warmup, 2) or value <= 0:
+        logs = self._recent.judged(value, self._warmup)  # the values before this one
+        if logs is None:
             return []
         level, spread = low(logs), noise(logs)
         rise = math.log(value) - level

@@ -68,11 +68,13 @@ class HealthMonitor:
         if gradients:
             options = {**rules.get("vanishing_grad", {}), **rules.get("exploding_grad", {})}
             self._rules.append(Gradients(self._codes, **options, enabled=tuple(gradients)))
-        if "update_ratio" in rules:
-            options = rules["update_ratio"]
-            self._rules.append(
-                UpdateRatio(self._codes, **options, left_out=left_out, matrices=matrices)
-            )
+        self._update_ratio = (
+            UpdateRatio(self._codes, **rules["update_ratio"], left_out=left_out, matrices=matrices)
+            if "update_ratio" in rules
+            else None
+        )
+        if self._update_ratio is not None:
+            self._rules.append(self._update_ratio)
         if "activation_drift" in rules:
             self._rules.append(ActivationDrift(self._codes, **rules["activation_drift"]))
         if "constant_input" in rules:
@@ -116,9 +118,8 @@ class HealthMonitor:
 
     def note_stalled(self, step: int, stalled: dict[tuple[str, str], str]) -> None:
         """Which parameters cannot learn at recorded ``step``, and why (the training thread's)."""
-        for rule in self._rules:
-            if isinstance(rule, UpdateRatio):
-                rule.note_stalled(step, stalled)
+        if self._update_ratio is not None:
+            self._update_ratio.note_stalled(step, stalled)
 
     def learn_calls(self, calls: Sequence[CallEvent]) -> None:
         """Take the call order of a recorded step: the forward order of modules."""

@@ -17,7 +17,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from layerscope.health._codes import BUFFER, FIELDS, INPUT, KIND, PHASE, SLOT, Codes
+from layerscope.health._codes import (
+    ACTIVATION,
+    BUFFER,
+    FIELDS,
+    FIRST_CALL,
+    INPUT,
+    KIND,
+    PHASE,
+    SLOT,
+    Codes,
+)
 from layerscope.health._roots import Roots
 from layerscope.health._small_ops import counts_by, put, take
 from layerscope.model import StatsRows
@@ -141,6 +151,18 @@ class Flush:
             judged = torch.tensor([view.judged for view in self.views], dtype=torch.bool)
             self._judged = take(judged, self.view) if len(self.views) else judged
         return self._judged
+
+    def finite_outputs(self) -> Tensor:
+        """Which rows are a module's first call's finite output at a recorded training step.
+
+        The rules on outputs judge these; a non-finite one is the nonfinite rule's.
+        """
+        return (
+            self.judged_rows()
+            & (self.field(KIND) == ACTIVATION)
+            & (self.field(FIRST_CALL) == 1)
+            & ~self.nonfinite
+        )
 
     def per_view(self, rows: Tensor) -> list[int]:
         """How many of the rows marked in ``rows`` each view has."""
