@@ -59,6 +59,8 @@ class _RunState:
 
     began: dict[int, float] = field(default_factory=dict)
     waiting: deque[asyncio.Future[None]] = field(default_factory=deque)
+    #: Threads whose request gave up on them: stuck, whatever the clock says since they began.
+    overdue: set[int] = field(default_factory=set)
 
 
 class RunThreads:
@@ -108,6 +110,8 @@ class RunThreads:
         try:
             return await asyncio.wait_for(asyncio.shield(done), until - loop.time())
         except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
+            if ident in state.began:  # not finished as the deadline came
+                state.overdue.add(ident)
             reason = f"reading its files took over {self.deadline:g} s"
             raise RunTimeoutError(run, reason) from None
         finally:
@@ -118,9 +122,13 @@ class RunThreads:
         loop = asyncio.get_running_loop()
         while True:
             now = loop.time()
-            stuck = [now - began for began in state.began.values() if now - began > self.deadline]
+            stuck = [
+                now - began
+                for ident, began in state.began.items()
+                if ident in state.overdue or now - began > self.deadline
+            ]
             if stuck:
-                reason = f"a read of its files has gone on for {max(stuck):.0f} s"
+                reason = f"a read of its files has gone on for {max(stuck):.1f} s"
                 raise RunTimeoutError(run, reason)
             if len(state.began) < self.per_run:
                 return
@@ -170,6 +178,7 @@ class RunThreads:
     ) -> None:
         """On the loop: free the thread's place, hand on the outcome, let the next one in."""
         del state.began[ident]
+        state.overdue.discard(ident)
         if not done.done():
             if error is None:
                 done.set_result(result)
