@@ -69,9 +69,20 @@ class BuildKernel(build_ext):
         )
         output = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(output), exist_ok=True)
+        self._drop_runpath()
         self.compiler.link_shared_object(
             objects, output, libraries=self.get_libraries(ext), target_lang="c"
         )
+
+    def _drop_runpath(self) -> None:
+        """Link without the RUNPATH that Python's own LDSHARED carries (its lib folder).
+
+        The kernel needs only the C library; a wheel must not point at the build machine's paths.
+        """
+        linker = getattr(self.compiler, "linker_so", None)
+        if isinstance(linker, list):
+            rpath = ("-Wl,-rpath", "-Wl,-R", "-R")
+            self.compiler.linker_so = [arg for arg in linker if not arg.startswith(rpath)]
 
     def _accepts(self, flag: str) -> bool:
         """Whether the compiler takes ``flag`` (Apple's clang, for one, may not)."""

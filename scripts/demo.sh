@@ -3,8 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
-# torch first: with no torch installed, a plain `torch` requirement pulls the CUDA build.
-.venv/bin/pip install -q torch==2.13.0
+source scripts/torch.sh
+install_torch  # first: with no torch installed, a plain `torch` requirement pulls the CUDA build
 .venv/bin/pip install -q -e '.[demo]'
 .venv/bin/layerscope demo "$@"
 # A new shell does not have the venv on its PATH.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
@@ -24,5 +25,63 @@ def test_the_quick_start_is_two_commands_and_ci_runs_the_second():
 
 def test_the_demo_script_runs_the_demo_command():
     script = (ROOT / "scripts" / "demo.sh").read_text()
-    assert "pip install -q torch==2.13.0" in script
+    assert re.search(r"^source scripts/torch.sh\ninstall_torch\b", script, flags=re.M)
     assert re.search(r"^\.venv/bin/layerscope demo\b", script, flags=re.M)
+    assert "torch==" not in script  # no one old torch pinned
+
+
+def _install_torch(tmp_path, *, has_torch=False, gpu=False, cpu_index_up=True):
+    """Run ``install_torch`` with a fake .venv and nvidia-smi: (pip calls, what it printed)."""
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    calls = tmp_path / "pip-calls"
+    fail = "--index-url" if not cpu_index_up else "no-such-argument"
+    (venv / "pip").write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\ncase "$*" in *{fail}*) exit 1;; esac\n'
+    )
+    (venv / "python").write_text(
+        f'#!/bin/sh\ncase "$*" in *print*) echo 2.13.0;; *) exit {0 if has_torch else 1};; esac\n'
+    )
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    if gpu:
+        (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200'\n")
+    for script in [*venv.iterdir(), *tools.iterdir()]:
+        script.chmod(0o755)
+    done = subprocess.run(
+        ["bash", "-c", f"source {ROOT / 'scripts' / 'torch.sh'} && install_torch"],
+        cwd=tmp_path,
+        env={"PATH": f"{tools}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pip = calls.read_text().splitlines() if calls.exists() else []
+    return pip, done.stdout
+
+
+def test_the_scripts_install_the_cpu_build_where_no_gpu_answers(tmp_path):
+    pip, said = _install_torch(tmp_path)
+    assert pip == [
+        "install -q --retries 1 --timeout 20 --index-url https://download.pytorch.org/whl/cpu torch"
+    ]
+    assert "CPU-only build" in said
+
+
+def test_the_scripts_fall_back_to_the_default_index_where_the_cpu_one_is_out_of_reach(tmp_path):
+    pip, said = _install_torch(tmp_path, cpu_index_up=False)
+    assert len(pip) == 2
+    assert pip[1] == "install -q torch"
+    assert "cannot be reached" in said
+
+
+def test_the_scripts_take_the_cuda_build_where_a_gpu_answers(tmp_path):
+    pip, said = _install_torch(tmp_path, gpu=True)
+    assert pip == ["install -q torch"]
+    assert "CUDA" in said
+
+
+def test_the_scripts_use_the_torch_the_venv_holds(tmp_path):
+    pip, said = _install_torch(tmp_path, has_torch=True)
+    assert pip == []
+    assert "torch 2.13.0, found in .venv" in said

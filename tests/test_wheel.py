@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from layerscope.stats import _native
+from tests.bare_venvs import bare_venv
 
 ROOT = Path(__file__).parent.parent
 COMPILERS = ("cc", "gcc", "clang", "c++", "g++", "clang++")
@@ -93,7 +94,7 @@ def _checkout_copy(tmp_path: Path) -> Path:
     """The files ``pip wheel`` reads, copied: no build folders or in-place library of ours."""
     copy = tmp_path / "checkout"
     copy.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, copy / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.egg-info")
     shutil.copytree(ROOT / "src", copy / "src", ignore=ignore)
@@ -174,9 +175,14 @@ def _check(tmp_path: Path, python: Path) -> dict[str, object]:
     return report
 
 
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel ``pip wheel .`` builds from a copy of the checkout, with a compiler."""
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
 @pytest.mark.skipif(_native.kernel_name() is None, reason="no C kernel built here to compare")
-def test_the_wheel_carries_the_kernel_and_uses_it_with_no_compiler(tmp_path):
-    wheel = _build_wheel(tmp_path)
+def test_the_wheel_carries_the_kernel_and_uses_it_with_no_compiler(tmp_path, wheel):
     assert "-py3-none-" in wheel.name  # C with no Python ABI: one wheel per platform
     assert "any" not in wheel.name
     names = zipfile.ZipFile(wheel).namelist()
@@ -200,3 +206,85 @@ def test_a_wheel_built_with_no_compiler_installs_and_the_torch_kernels_answer(tm
     assert report["kernel"] == "eager"
     [warning] = report["warnings"]
     assert "not built when layerscope was installed" in warning
+
+
+# Each extra's feature, in a virtualenv that holds torch, that extra's requirements and the
+# wheel alone: training watched in memory, then what the extra is for.
+_TRAIN = """
+import sys, torch, layerscope
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+run = sys.argv[1] if len(sys.argv) > 1 else None
+with layerscope.watch(model, optimizer=optimizer, every=1, run=run) as scope:
+    for _ in range(3):
+        loss = model(torch.randn(16, 4)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scope.step(loss=loss)
+"""
+_FEATURES = {
+    "": _TRAIN
+    + """
+import importlib.util
+assert importlib.util.find_spec("numpy") is None and "numpy" not in sys.modules
+try:
+    scope.frame()
+except ImportError as error:
+    print(error)
+""",
+    "dataframe": _TRAIN
+    + """
+stored = layerscope.load(run)
+print(len(stored.stats), stored.sql("select count(*) as n from stats"))
+""",
+    "plot": _TRAIN
+    + """
+import matplotlib
+matplotlib.use("Agg")
+layerscope.load(run).plot.stats(kind="activation").savefig("stats.png")
+print(open("stats.png", "rb").read(4))
+""",
+    "capture": """
+import torch, layerscope
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+with layerscope.capture(model, every=1) as cap:
+    model(torch.randn(2, 4))
+cap.save("captures")
+print(len(layerscope.load_capture("captures")))
+""",
+    "tensorboard": _TRAIN.replace(
+        "run=run)", "run=run, sinks=[layerscope.sinks.TensorBoard('tb')])"
+    ).replace("import sys, torch, layerscope", "import sys, torch, layerscope, layerscope.sinks")
+    + """
+import os
+print(sorted(os.listdir("tb"))[0][:20])
+""",
+    "cli": _TRAIN,  # then the command below
+    "ui": _TRAIN,
+    "transformers": """
+from transformers import TrainingArguments
+from layerscope.integrations.transformers import LayerscopeCallback
+TrainingArguments(output_dir="out", report_to=[])
+print(LayerscopeCallback.__name__)
+""",
+}
+
+# The command each extra's console feature runs after training.
+_COMMANDS = {"cli": ["summary", "run"], "ui": ["report", "run", "-o", "run.html"]}
+
+
+@pytest.mark.parametrize("extra", list(_FEATURES), ids=lambda extra: extra or "torch-only")
+def test_each_extra_alone_brings_what_its_feature_imports(tmp_path, wheel, extra):
+    python = bare_venv(tmp_path / "venv", wheel, extra)
+    argv = [str(python), "-c", _FEATURES[extra]]
+    if extra not in ("", "capture", "tensorboard", "transformers"):  # these write no run
+        argv.append("run")
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    if extra in _COMMANDS:
+        command = [str(python.parent / "layerscope"), *_COMMANDS[extra]]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    if extra == "":  # no pandas: the error says which extra brings it
+        assert "layerscope[dataframe]" in done.stdout
