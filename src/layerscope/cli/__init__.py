@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import warnings
@@ -40,7 +41,11 @@ _NO_TABLES: tuple[Subcommand, ...] = (_serve,)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of every subcommand in ``COMMANDS``, each with ``--plain``."""
+    """The parser of every subcommand in ``COMMANDS``, each with ``--plain``.
+
+    Each subcommand's parser is its namespace's ``parser``: one that is given an argument it
+    does not know says so with its own usage, not the top level's.
+    """
     parser = argparse.ArgumentParser(
         prog="layerscope",
         description="Read the runs that layerscope.watch(model, run=...) wrote.",
@@ -55,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="plain aligned text, also on a terminal (the default where output is not one)",
             )
-        subparser.set_defaults(handler=command.run)
+        subparser.set_defaults(handler=command.run, parser=subparser)
     return parser
 
 
@@ -67,8 +72,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         optional package is missing (each with one line on stderr); 130 if interrupted.
     """
     parser = build_parser()
+    argv = _plain_after_command(list(sys.argv[1:] if argv is None else argv))
+    unknown = _unknown_command(parser, argv)
+    if unknown is not None:
+        print(unknown, file=sys.stderr)
+        return EXIT_USAGE
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            args.parser.error(_unrecognized(args.parser, extra))
     except SystemExit as exit_:  # --help, --version, or a usage error argparse printed
         if exit_.code is None:
             return 0
@@ -92,6 +104,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _command_names(parser: argparse.ArgumentParser) -> list[str]:
+    for action in parser._actions:  # argparse keeps its subparsers among its actions
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices)
+    return []
+
+
+def _first_word(argv: list[str]) -> str | None:
+    """The first argument that is not an option: the command."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def _plain_after_command(argv: list[str]) -> list[str]:
+    """``layerscope --plain summary RUN`` as ``layerscope summary --plain RUN``."""
+    command = _first_word(argv)
+    if command is None or "--plain" not in argv or argv.index("--plain") > argv.index(command):
+        return argv
+    rest = [arg for arg in argv if arg != "--plain"]
+    at = rest.index(command) + 1
+    return [*rest[:at], "--plain", *rest[at:]]
+
+
+def _unknown_command(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The line for a command that does not exist, with the nearest one; None if it exists."""
+    command = _first_word(argv)
+    names = _command_names(parser)
+    if command is None or command in names:
+        return None
+    near = difflib.get_close_matches(command, names, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return (
+        f"layerscope: unknown command {visible(command)!r}{hint} "
+        f"(the commands: {', '.join(names)}; layerscope --help says more)"
+    )
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """The "unrecognized arguments" line, with the nearest option to an unknown one."""
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    options = [name for action in parser._actions for name in action.option_strings]
+    flags = [arg.partition("=")[0] for arg in extra if arg.startswith("--")]
+    near = [match for flag in flags for match in difflib.get_close_matches(flag, options, n=1)]
+    return f"{message}; did you mean {near[0]}?" if near else message
 
 
 def _warn_in_one_line(

@@ -8,15 +8,19 @@ at a time through ``run.sql``, so a large run never loads at once.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 from typing import TYPE_CHECKING
 
+from layerscope.cli import _queries
 from layerscope.cli._arguments import RUN_METAVAR
 from layerscope.cli._console import open_output
 from layerscope.cli._open import CommandError, open_run
+from layerscope.cli._visible import visible
 
 if TYPE_CHECKING:
     from layerscope.cli._command import Subparsers
+    from layerscope.store import Run
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -51,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
     """Replay ``args.run`` into the chosen sink and say what was sent."""
     from layerscope.cli import _replay  # torch and the sinks: imported when a run is sent
 
-    sink, destination = _replay.chosen_sink(args)
     recorded = open_run(args.run)
+    _queries.checked_rank(recorded, args.rank)
+    _check_stats(recorded, args.stats)
+    sink, destination = _replay.chosen_sink(args)
     if args.tensorboard is not None and "://" not in args.tensorboard:
         _make_folder(args.tensorboard)
     sent = _replay.Sent()
@@ -69,6 +75,22 @@ def run(args: argparse.Namespace) -> int:
         f"statistics, {sent.scalars} scalars, {sent.alerts} alerts to {where}"
     )
     return 0
+
+
+def _check_stats(recorded: Run, stats: str | None) -> None:
+    """A CommandError for a ``--stats`` name that is none of the run's statistics."""
+    if stats is None:
+        return
+    config = recorded.meta.get("config") or {}
+    known = [n for n in (*config.get("stats", ()), *config.get("custom_stats", ())) if n != "hist"]
+    for name in (n for n in stats.split(",") if n):
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise CommandError(
+                f"--stats: the run has no statistic {visible(name)!r}; {hint}its statistics: "
+                f"{', '.join(known)}"
+            )
 
 
 def _make_folder(path: str) -> None:

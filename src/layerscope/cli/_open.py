@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
 from typing import TYPE_CHECKING
 
@@ -30,7 +32,38 @@ def open_run(path: str) -> Run:
     try:
         return load(path)
     except _NOT_A_RUN as error:
+        held = _runs_inside(path)
+        if held:
+            raise CommandError(
+                f"{path} is a folder of runs ({held}), not a run: `layerscope runs {path}` "
+                "lists them; give one of them"
+            ) from None
         raise CommandError(_one_line(error, path)) from None
+
+
+# Entries of a folder looked at for runs inside it: a huge folder is not listed in full.
+_LOOKED_AT = 1000
+
+
+def _runs_inside(path: str) -> str:
+    """``"2 runs: a, b"`` where ``path`` is a local folder with runs in it, else ``""``."""
+    if "://" in path or not os.path.isdir(path):
+        return ""
+    try:
+        with os.scandir(path) as entries:
+            names = [
+                entry.name
+                for entry in itertools.islice(entries, _LOOKED_AT)
+                if entry.is_dir(follow_symlinks=False)
+                and os.path.isfile(os.path.join(entry.path, "run.json"))
+            ]
+    except OSError:
+        return ""
+    if not names:
+        return ""
+    names.sort()
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"{len(names)} run{'s' if len(names) > 1 else ''}: {shown}"
 
 
 def list_runs(root: str) -> pandas.DataFrame:

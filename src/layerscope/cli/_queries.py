@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from layerscope.cli._open import CommandError
 from layerscope.model import Kind, quote_identifier
 
 if TYPE_CHECKING:
@@ -41,6 +42,17 @@ def lowest_rank(run: Run) -> int:
     """The rank a command shows unless told: rank 0, or the lowest that wrote."""
     ranks = [int(entry["rank"]) for entry in run.meta.get("ranks", ())]
     return min(ranks, default=0)
+
+
+def checked_rank(run: Run, rank: int | None) -> int:
+    """``rank``, or the lowest rank where None; a CommandError for a rank the run lacks."""
+    ranks = sorted(int(entry["rank"]) for entry in run.meta.get("ranks", ())) or [0]
+    if rank is None:
+        return ranks[0]
+    if rank not in ranks:
+        wrote = ", ".join(map(str, ranks[:16])) + (" ..." if len(ranks) > 16 else "")
+        raise CommandError(f"--rank {rank}: the run has no such rank; its ranks: {wrote}")
+    return rank
 
 
 def row_filter(columns: frozenset[str]) -> str:

@@ -55,6 +55,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Print the summary of ``args.run``."""
     opened = open_run(args.run)
+    args.rank = _queries.checked_rank(opened, args.rank)
     output = open_output(args.plain)
     output.fields("run", run_fields(opened) + reach_fields(opened))
     output.fields("cost", cost_fields(opened.meta))
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if scalars:
         output.fields("logged scalars: latest (first)", scalars)
     show_layers(output, opened, args)
-    rank = _queries.lowest_rank(opened) if args.rank is None else args.rank
+    rank = args.rank
     headroom = headroom_fields(opened, args.phase, rank)
     if headroom is not None:
         output.fields(*headroom)
