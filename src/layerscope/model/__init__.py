@@ -8,7 +8,9 @@
   flush's rows themselves (``StatsRows``), which the writer hands the health rules and sinks;
 - a row of the attention table (``AttentionRow``): one head of one attention call;
 - a table's or column's name as SQL text (``quote_identifier``), the one way readers put one
-  into a query.
+  into a query;
+- the compact table a notebook shows for a run, a scope or a capture (``html_table``,
+  ``run_table``).
 
 Receives nothing and hands nothing on: the hooks, the writer, the store and the readers all
 take their names from here. Reading a stored run imports this package without torch: the
@@ -32,6 +34,7 @@ from layerscope.model._identities import (
 )
 from layerscope.model._kinds import DEFAULT_CAPTURE, STATE_KINDS, Kind, parse_capture
 from layerscope.model._modules import CallEvent, ModuleInfo, clean_name, module_tree
+from layerscope.model._notebook import alert_counts, html_table, run_table, unreadable
 
 if TYPE_CHECKING:
     from layerscope.model._rows import StatsRows, join_columns
@@ -73,16 +76,20 @@ __all__ = [
     "Rules",
     "Selection",
     "StatsRows",
+    "alert_counts",
     "check_types",
     "clean_name",
     "device_type",
+    "html_table",
     "is_compiled",
     "join_columns",
     "module_tree",
     "parse_capture",
     "parse_rules",
     "quote_identifier",
+    "run_table",
     "select",
     "selected",
+    "unreadable",
     "unwrap",
 ]

@@ -14,6 +14,7 @@ from layerscope._config import WatchConfig
 from layerscope._errors import FailureCounter
 from layerscope._imports import require
 from layerscope.distributed import ProcessRank
+from layerscope.model import alert_counts, html_table, unreadable
 from layerscope.scope._frames import TABLES, memory_frame, stats_columns, stored_frame
 from layerscope.scope._run_info import run_info
 from layerscope.scope._whole_tensors import WholeTensors
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     import pandas
     from torch import nn
 
-    from layerscope.hooks import CostMeter, LayerHooks
+    from layerscope.hooks import CostMeter, LayerHooks, StepClock
     from layerscope.model import CallEvent, ModuleInfo
     from layerscope.plots import RunPlots
     from layerscope.store import ParquetStore
@@ -46,6 +47,8 @@ class RecordedReads:
     _started: float
     _failures: FailureCounter
     _layers: LayerHooks
+    _clock: StepClock
+    _closed: bool
 
     @property
     def cost_seconds(self) -> float:
@@ -81,6 +84,26 @@ class RecordedReads:
     def _catch_up(self) -> None:
         """Write every step so far before a read; ``Scope`` says how."""
         raise NotImplementedError
+
+    def _state(self) -> str:
+        """``"open, step 5"`` or ``"closed"``."""
+        return "closed" if self._closed else f"open, step {self._clock.step}"
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: where it writes, its state, layers, kinds and alerts so far."""
+        where = self._store.path if self._store is not None else "in memory (run=None)"
+        watched = sum(info.watched for info in self._modules)
+        fields: list[tuple[str, object]] = [
+            ("run", where),
+            ("state", self._state()),
+            ("layers watched", watched),
+            ("kinds", ", ".join(sorted(str(kind) for kind in self.config.kinds))),
+        ]
+        try:
+            fields.append(("alerts so far", alert_counts(self.frame("alerts")["severity"])))
+        except Exception as error:  # a view never raises
+            fields.append(("alerts so far", unreadable(error)))
+        return html_table(f"layerscope scope of {type(self._root).__name__}", fields)
 
     def _run_info(self) -> RunInfo:
         """What the sinks are told at the start of this scope's run."""

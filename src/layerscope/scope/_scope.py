@@ -346,8 +346,7 @@ class Scope(RecordedReads):
         self.close("failed" if exc_type is not None else "finished")
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"step {self._clock.step}"
-        return f"<Scope {type(self._root).__name__}, {len(self._targets)} modules, {state}>"
+        return f"<Scope {type(self._root).__name__}, {len(self._targets)} modules, {self._state()}>"
 
     # ---------------------------------------------------------------- steps
 

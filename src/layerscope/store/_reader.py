@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from layerscope.model import KEY_COLUMNS, META_COLUMNS, ModuleInfo
+from layerscope.model import KEY_COLUMNS, META_COLUMNS, ModuleInfo, run_table
 from layerscope.store._damage import RunFileError, warn_damaged
 from layerscope.store._file_checks import check_modules, check_run_meta, parse_json
 from layerscope.store._layout import (
@@ -115,6 +115,10 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<Run {self.meta.get('name')!r} {self.meta['status']}, {self.path}>"
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: status, steps, ranks, layers and alerts."""
+        return run_table(self.meta, self.path, lambda: self.modules, lambda: self.alerts)
 
     def _read_metas(self) -> dict[int, tuple[str, dict[str, Any]]]:
         """Each rank's place and ``run.json``, for the ranks that wrote one.

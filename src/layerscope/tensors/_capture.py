@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from layerscope.hooks import HookHandles, InputNames, in_backward, named_tensors
-from layerscope.model import Kind, select, unwrap
+from layerscope.model import Kind, html_table, select, unwrap
 from layerscope.tensors._keeping import TRAIN, Target, ValueKeeper
 from layerscope.tensors._options import CaptureOptions
 
@@ -141,6 +141,17 @@ class Capture(ValueKeeper):
             f"Capture({state}, records={len(self._records)}, bytes={self._bytes}, "
             f"hooks={self.hooks})"
         )
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: state, records, steps, bytes kept and hooks."""
+        state = "closed" if self._closed else f"open, step {self._step}"
+        fields = [
+            ("state", state),
+            ("records", len(self._records)),
+            ("bytes kept", self._bytes),
+            ("hooks", self.hooks),
+        ]
+        return html_table("layerscope capture", fields)
 
     def _info(self) -> dict[str, Any]:
         return {
