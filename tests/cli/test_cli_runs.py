@@ -1,5 +1,9 @@
 """``layerscope runs``: each run's status, steps, ranks and alerts; finished, open and dead."""
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 from cli_runs import OLD_ALERT_COLUMNS, add_alerts, mark_crashed, rows_of, tiny_model, train
@@ -64,3 +68,44 @@ def test_a_run_named_apart_from_its_folder_shows_where_it_is(tmp_path, cli):
     _, out, _ = cli("runs", tmp_path, "--plain")
     (row,) = rows_of(out, "runs under")
     assert (row[0], row[-1]) == ("baseline", str(tmp_path / "folder"))
+
+
+def _with_alerts(path):
+    """A finished run whose input holds a NaN at each of 3 recorded steps: alerts written."""
+    model = tiny_model()
+    with layerscope.watch(model, run=path, every=1) as scope:
+        for _ in range(3):
+            inputs = torch.randn(8, 4)
+            inputs[0, 0] = float("nan")
+            model(inputs).nan_to_num().sum().backward()
+            scope.step()
+    return path
+
+
+def test_runs_counts_alerts_from_run_json_without_pandas_or_pyarrow(tmp_path):
+    runs = tmp_path / "runs"
+    run = _with_alerts(runs / "nan")
+    written = json.loads((run / "run.json").read_text())["written_alerts"]
+    assert written == len(layerscope.load(run).alerts) > 0
+    check = (
+        "import sys; from layerscope.cli import main; main(['runs', sys.argv[1], '--plain']); "
+        "print(sorted(m for m in ('pandas', 'pyarrow', 'duckdb') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check, str(runs)], capture_output=True, text=True, check=True
+    )
+    *table, imported = done.stdout.strip().splitlines()
+    assert imported == "[]"
+    assert {row[0]: row[5] for row in rows_of("\n".join(table), "runs under")} == {
+        "nan": str(written)
+    }
+
+
+def test_a_run_from_before_run_json_counted_alerts_has_them_read(tmp_path, cli):
+    run = _with_alerts(tmp_path / "runs" / "old")
+    meta = json.loads((run / "run.json").read_text())
+    written = meta.pop("written_alerts")
+    (run / "run.json").write_text(json.dumps(meta))
+    status, out, _ = cli("runs", tmp_path / "runs", "--plain")
+    assert status == 0
+    assert rows_of(out, "runs under")[0][5] == str(written)

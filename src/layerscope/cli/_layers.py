@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from layerscope.store import RunFileError, warn_damaged
-
 if TYPE_CHECKING:
     from layerscope.store import Run
 
@@ -20,6 +18,8 @@ def module_types(run: Run) -> dict[str, str]:
     then shown in name order (see ``in_model_order``), and a warning names the file. (The
     writer makes ``modules.json`` before any row: a run with rows and none lost it.)
     """
+    from layerscope.store import RunFileError, warn_damaged  # imported when a run is read
+
     try:
         return {module.name: module.type for module in run.modules}
     except FileNotFoundError as error:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import pandas
-
     from layerscope.store import Run
 
 # What the reader raises for a path that holds no readable run (a missing folder, a file, a
@@ -66,14 +64,15 @@ def _runs_inside(path: str) -> str:
     return f"{len(names)} run{'s' if len(names) > 1 else ''}: {shown}"
 
 
-def list_runs(root: str) -> pandas.DataFrame:
-    """``layerscope.runs(root)``, or a CommandError saying in one line why it cannot be."""
-    from layerscope.store import runs
+def list_run_rows(root: str) -> list[dict[str, Any]]:
+    """The rows of ``layerscope.runs(root)`` as dicts (times in seconds), without pandas."""
+    from layerscope.store import run_folders, run_row
 
     try:
-        return runs(root)
+        folders = run_folders(root)
     except _NOT_A_RUN as error:
         raise CommandError(_one_line(error, root)) from None
+    return [row for name, location in folders if (row := run_row(location, name)) is not None]
 
 
 def _one_line(error: BaseException, path: str) -> str:

@@ -7,12 +7,13 @@ table, one line each: one damaged run does not hide the others.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 from typing import TYPE_CHECKING, Any
 
 from layerscope.cli import _format
 from layerscope.cli._console import Column, Table, open_output
-from layerscope.cli._open import list_runs
+from layerscope.cli._open import list_run_rows
 
 if TYPE_CHECKING:
     from layerscope.cli._command import Subparsers
@@ -44,12 +45,11 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Print the runs under ``args.dir``."""
-    listed = list_runs(args.dir)
+    records = list_run_rows(args.dir)
     output = open_output(args.plain)
-    if listed.empty:
+    if not records:
         output.line(f"no runs under {args.dir}")
         return 0
-    records = listed.to_dict("records")
     # A run's name is its folder's unless watch() was given another: then say where it is.
     renamed = any(record["name"] != _folder(record["path"]) for record in records)
     columns = [
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                 _count(record["steps"]),
                 _count(record["ranks"]),
                 _time(record["started"]),
-                _alert_count(record["path"]),
+                _alert_count(record),
             ]
         table.add(
             cells + ([record["path"]] if renamed else []), STATUS_STYLES.get(record["status"])
@@ -85,28 +85,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _alert_count(path: str) -> str:
-    """How many alerts the run has: its alerts table alone is read, a few small files."""
+def _alert_count(record: dict[str, Any]) -> str:
+    """How many alerts the run has, as its ``run.json`` counts them.
+
+    A run from before ``run.json`` counted them has its alerts table read, a few small files;
+    so has a crashed run, whose writer may have died between a segment and ``run.json``.
+    """
+    if record["alerts"] is not None and record["status"] != "crashed":
+        return _format.number(record["alerts"])
     from layerscope.store import load
 
     try:
-        return str(len(load(path).alerts))
+        return str(len(load(record["path"]).alerts))
     except Exception:  # removed or damaged since it was listed: one run's, not the listing's
         return _format.MISSING
 
 
 def _count(value: Any) -> str:
-    """A count of the frame (nullable integers: NA where the run does not say)."""
-    import pandas
-
-    return _format.MISSING if pandas.isna(value) else _format.number(value)
+    """A count the run's ``run.json`` gives; ``-`` where it does not say."""
+    return _format.MISSING if value is None else _format.number(value)
 
 
-def _time(value: Any) -> str:
-    """A pandas Timestamp (UTC) to the second; ``-`` for none (NaT is not equal to itself)."""
-    if value is None or value != value:
+def _time(seconds: float | None) -> str:
+    """Seconds since the epoch, in UTC, to the second; ``-`` for none."""
+    if seconds is None:
         return _format.MISSING
-    return str(value.strftime("%Y-%m-%d %H:%M:%S UTC"))
+    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _folder(path: str) -> str:

@@ -264,6 +264,7 @@ RUN_META = Record(
                 "dropped_rows",
                 "written_scalars",
                 "dropped_scalars",
+                "written_alerts",
                 "failures",
             )
         },

@@ -96,7 +96,9 @@ def run_row(location: str, name: str, within: Path | None = None) -> dict[str, A
     """The row of ``runs`` of the run at ``location`` (folder ``name``), times in seconds.
 
     None for the directory of a rank of the run at the root, which is not a run of its own.
-    ``within``: a folder the run's files must be in, links followed (see ``Run``).
+    ``within``: a folder the run's files must be in, links followed (see ``Run``). Besides
+    ``COLUMNS``, ``alerts``: the alerts its ranks wrote, as their ``run.json`` counts them
+    (None for a run from before they did, or an unreadable one).
     """
     rank = directory_rank(name)
     try:
@@ -112,18 +114,25 @@ def run_row(location: str, name: str, within: Path | None = None) -> dict[str, A
             "started": meta.get("started"),
             "ended": meta.get("ended"),
             "error": None,
+            "alerts": _alerts_written(meta["ranks"]),
         }
     # Any error at all: one run that cannot be read is its own row, never the folder's failure.
     except Exception as error:
         if rank is not None:
             return None  # a rank's own run.json: the reader of its run names it
         return {
-            **dict.fromkeys(COLUMNS),
+            **dict.fromkeys((*COLUMNS, "alerts")),
             "name": name,
             "path": location,
             "status": UNREADABLE,
             "error": unreadable_reason(location, error),
         }
+
+
+def _alerts_written(ranks: list[dict[str, Any]]) -> int | None:
+    counts = [entry.get("alerts") for entry in ranks]
+    known = [count for count in counts if count is not None]
+    return sum(known) if len(known) == len(counts) else None
 
 
 def unreadable_reason(location: str, error: Exception) -> str:

@@ -33,6 +33,7 @@ class RankFiles:
     _given_rows: int
     _written_rows: int
     _written_scalars: int
+    _written_alerts: int
     _failures: int
     _file_error: Exception | None
     _file_seconds: float
@@ -91,6 +92,7 @@ class RankFiles:
                 dropped_rows=self.dropped_rows,
                 written_scalars=self._written_scalars,
                 dropped_scalars=self.dropped_scalars,
+                written_alerts=self._written_alerts,
                 failures=self._failures,
             )
             if self._info is not None and self._info.progress is not None:
@@ -109,6 +111,8 @@ class RankFiles:
             self._written_rows += rows
         elif table == "scalars":
             self._written_scalars += rows
+        elif table == "alerts":
+            self._written_alerts += rows
         field = last_step_field(table)
         held = self._meta[field]
         self._meta[field] = last_step if held is None else max(held, last_step)

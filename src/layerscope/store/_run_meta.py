@@ -82,6 +82,7 @@ def opening_meta(
         "dropped_rows": 0,
         "written_scalars": 0,
         "dropped_scalars": 0,
+        "written_alerts": 0,  # so that a listing counts them without reading their files
         "failures": 0,
         "cost_seconds": 0.0,
         "writer_seconds": 0.0,

@@ -130,6 +130,7 @@ class ParquetStore(RankPlaces):
         self._given_rows = 0  # rows of the stats table given to this store
         self._written_rows = 0
         self._written_scalars = 0
+        self._written_alerts = 0
         self._failures = 0  # flushes whose files failed, for run.json until close
         self._steps = 0
         self._in_flight: threading.Thread | None = None
@@ -351,6 +352,7 @@ class ParquetStore(RankPlaces):
             dropped_rows=self.dropped_rows + summary.dropped_rows,
             written_scalars=self._written_scalars,
             dropped_scalars=self.dropped_scalars + summary.dropped_scalars,
+            written_alerts=self._written_alerts,
             # The error this close raises is one more: the scope counts it once it is raised.
             failures=summary.failures + (0 if late is None else 1),
             cost_seconds=summary.cost_seconds,
