@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from layerscope.cli._arguments import PHASES, RUN_METAVAR, regex
 from layerscope.cli._console import Column, Table, open_output
 from layerscope.cli._open import CommandError, open_run
+from layerscope.cli._progress import progress
 from layerscope.cli._queries import KIND_NAMES
 
 if TYPE_CHECKING:
@@ -86,19 +87,23 @@ def run(args: argparse.Namespace) -> int:
     skipped = [(kind, f"the run has no {kind!r} rows") for kind in kinds if kind not in present]
     kinds = [kind for kind in kinds if kind in present]
     written = []
-    for picture in standard_set(loaded, kinds, args.modules, args.phase):
-        try:
-            fig = picture.draw(loaded.plot)
-        except ValueError as error:  # no rows of this kind, no histograms, no update
-            skipped.append((picture.name, str(error)))
-            continue
-        path = out / f"{picture.name}.png"
-        try:
-            fig.savefig(path, dpi=args.dpi)
-        except OSError as error:  # a folder of that name, a full disk
-            reason = error.strerror or str(error)
-            raise CommandError(f"--out: cannot write {path}: {reason}") from None
-        written.append([picture.name, str(path)])
+    pictures = list(standard_set(loaded, kinds, args.modules, args.phase))
+    with progress("drawing figures", len(pictures)) as advance:
+        for picture in pictures:
+            try:
+                fig = picture.draw(loaded.plot)
+            except ValueError as error:  # no rows of this kind, no histograms, no update
+                skipped.append((picture.name, str(error)))
+                continue
+            finally:
+                advance()
+            path = out / f"{picture.name}.png"
+            try:
+                fig.savefig(path, dpi=args.dpi)
+            except OSError as error:  # a folder of that name, a full disk
+                reason = error.strerror or str(error)
+                raise CommandError(f"--out: cannot write {path}: {reason}") from None
+            written.append([picture.name, str(path)])
     output = open_output(args.plain)
     if written:
         table = Table(f"figures of {args.run}", [Column("figure"), Column("file")])

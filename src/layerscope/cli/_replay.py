@@ -11,7 +11,7 @@ import argparse
 import math
 import numbers
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -49,15 +49,22 @@ _COUNT_STATS = frozenset(("numel", "nan_count", "inf_count"))
 
 
 def send(recorded: Run, rank: int, sink: Sink, sent: Sent) -> None:
-    """Start ``sink``, write the run's rows of ``rank`` to it, and close it."""
+    """Start ``sink``, write the run's rows of ``rank`` to it, and close it.
+
+    On a terminal a bar counts the ranges of steps sent.
+    """
+    from layerscope.cli._progress import progress
+
     sink.start(_run_info(recorded))
     # A run that failed or crashed replays as failed; a finished one, or one still being
     # written, as finished: its rows so far are all sent.
     status = "failed"
     try:
-        for records in replay(recorded, rank):
-            sent.add(records)
-            sink.write(records)
+        ranges = step_ranges(recorded, rank)
+        with progress("exporting steps", len(ranges)) as advance:
+            for records in replay(recorded, rank, ranges, advance):
+                sent.add(records)
+                sink.write(records)
         sink.flush()
         status = "failed" if recorded.meta.get("status") in ("failed", "crashed") else "finished"
     finally:
@@ -141,11 +148,18 @@ def _summary(recorded: Run, status: str, sent: Sent) -> RunSummary:
 # ---------------------------------------------------------------- reading the run back
 
 
-def replay(recorded: Run, rank: int = 0) -> Iterator[Records]:
+def replay(
+    recorded: Run,
+    rank: int = 0,
+    ranges: list[tuple[int | None, int | None]] | None = None,
+    range_done: Callable[[], None] | None = None,
+) -> Iterator[Records]:
     """The rows of ``rank`` as ``Records``, one per range of steps of about ``CHUNK_ROWS``.
 
     Each range's statistics come first as training wrote them, then its sentinel rows
     (statistics of steps not fully recorded), its scalars, its alerts and its attention rows.
+    ``ranges``: ``step_ranges(recorded, rank)`` where the caller has them already;
+    ``range_done`` is called as each range has been given.
     """
     rank = int(rank)
     config = recorded.meta.get("config") or {}
@@ -153,7 +167,9 @@ def replay(recorded: Run, rank: int = 0) -> Iterator[Records]:
     identities = Identities()
     alerts = _alerts(recorded, rank)
     attention = _attention(recorded, rank)
-    for low, high in step_ranges(recorded, rank):
+    for index, (low, high) in enumerate(step_ranges(recorded, rank) if ranges is None else ranges):
+        if index and range_done is not None:
+            range_done()
         where = "rank = $rank"
         where += "" if low is None else " and step > $low"
         where += "" if high is None else " and step <= $high"
@@ -185,6 +201,8 @@ def replay(recorded: Run, rank: int = 0) -> Iterator[Records]:
         yield records
         for chunk in chunks[1:]:
             yield Records(stats=chunk)
+    if range_done is not None:
+        range_done()
 
 
 def step_ranges(recorded: Run, rank: int) -> list[tuple[int | None, int | None]]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from layerscope.cli._arguments import RUN_METAVAR, new_file
 from layerscope.cli._open import CommandError, open_run
+from layerscope.cli._progress import progress
 from layerscope.cli._visible import visible
 
 if TYPE_CHECKING:
@@ -47,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
     run_ = open_run(args.path)
     other = None if args.compare is None else open_run(args.compare)
-    encoded = report_html(run_, compare=other).encode("utf-8")
+    with progress("making the report's charts") as advance:
+        encoded = report_html(run_, compare=other, answered=advance).encode("utf-8")
     _write(args.output, encoded)
     print(f"wrote {visible(args.output)} ({len(encoded) / 1e6:.1f} MB)", file=sys.stderr)
     return 0

@@ -14,9 +14,10 @@ steps makes a report of tens of MB, not gigabytes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote as url_quote
@@ -99,16 +100,24 @@ def _charts(
             yield api_key(run_path(run_id, "colordim"), {**params, "module": module}), answer
 
 
-def report_html(run: Run, *, compare: Run | None = None) -> str:
-    """The report's HTML text."""
+def report_html(
+    run: Run, *, compare: Run | None = None, answered: Callable[[], None] | None = None
+) -> str:
+    """The report's HTML text; ``answered`` is called as each of its answers is made."""
     run_id = Path(run.path).name or "run"
     compare_id = None if compare is None else Path(compare.path).name or "compare"
     if compare_id == run_id:
         compare_id = f"{compare_id} (compared)"
-    responses = dict(answers(run, run_id))
+    made = answers(run, run_id)
+    if compare is not None and compare_id is not None:
+        made = itertools.chain(made, answers(compare, compare_id, layers=False))
+    responses = {}
+    for key, answer in made:
+        responses[key] = answer
+        if answered is not None:
+            answered()
     listed = [_listed(run, run_id)]
     if compare is not None and compare_id is not None:
-        responses.update(answers(compare, compare_id, layers=False))
         listed.append(_listed(compare, compare_id))
     responses[api_key("runs")] = {"root": "", "runs": listed}
     embedded = _embedded_json({"run": run_id, "compare": compare_id, "responses": responses})
