@@ -96,19 +96,62 @@ def test_a_failing_sink_does_not_cost_the_sinks_after_it_their_rows():
     assert after.calls[-1][0:2] == ("close", "finished")
 
 
-def test_a_sink_failing_to_start_closes_those_started_and_leaves_no_run(tmp_path):
+def test_a_sink_failing_to_start_costs_a_warning_and_the_training_goes_on(tmp_path):
     class Unreachable(Recording):
         def start(self, info):
             raise ConnectionError("cannot reach the tracking server")
 
+    started, after = Recording(), Recording()
+    model = nn.Linear(3, 2)
+    with pytest.warns(layerscope.LayerscopeWarning, match="starting the sink Unreachable failed"):
+        scope = layerscope.watch(
+            model, run=tmp_path / "run", every=1, sinks=[started, Unreachable(), after]
+        )
+    with scope:
+        for _ in range(2):
+            model(torch.ones(1, 3)).sum().backward()
+            scope.step()
+    meta = layerscope.load(tmp_path / "run").meta
+    assert (meta["status"], meta["steps"], meta["failures"]) == ("finished", 2, 1)
+    for sink in (started, after):  # the others get every row, and close as finished
+        assert sink.calls[0][0] == "start"
+        assert sink.calls[-1][0:2] == ("close", "finished")
+        assert sum(call[1] for call in sink.calls if call[0] == "write") > 0
+
+
+def test_a_store_failing_to_start_closes_the_sinks_started_and_raises(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{}")  # a run is there: never overwritten
     started = Recording()
     model = nn.Linear(3, 2)
-    with pytest.raises(ConnectionError):
-        layerscope.watch(model, run=tmp_path / "run", sinks=[started, Unreachable()])
+    with pytest.raises(FileExistsError):
+        layerscope.watch(model, run=tmp_path / "run", sinks=[started])
     assert [call[:2] for call in started.calls] == [("start", "run"), ("close", "failed")]
-    assert not (tmp_path / "run").exists()
     assert not model._forward_hooks
-    with layerscope.watch(model, run=tmp_path / "run") as scope:  # the path is still free
-        model(torch.ones(1, 3)).sum().backward()
-        scope.step()
-    assert layerscope.load(tmp_path / "run").meta["status"] == "finished"
+
+
+@pytest.mark.parametrize("stage", ["write", "flush", "close"])
+def test_a_sink_failing_later_costs_one_warning_and_the_run_is_whole(tmp_path, stage):
+    class Failing(Recording):
+        pass
+
+    def fail(*args):
+        raise ConnectionError(f"the tracking server went away at {stage}")
+
+    failing, other = Failing(), Recording()
+    setattr(failing, stage, fail)
+    model = nn.Linear(3, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with layerscope.watch(
+            model, run=tmp_path / "run", every=1, sinks=[failing, other]
+        ) as scope:
+            for _ in range(3):
+                model(torch.ones(1, 3)).sum().backward()
+                scope.step()
+    [warning] = [w for w in caught if issubclass(w.category, layerscope.LayerscopeWarning)]
+    assert "the tracking server went away" in str(warning.message)
+    run = layerscope.load(tmp_path / "run")
+    assert (run.meta["status"], run.meta["steps"]) == ("finished", 3)
+    assert sorted(set(run.stats["step"])) == [0, 1, 2]
+    assert other.calls[-1][0:2] == ("close", "finished")

@@ -116,7 +116,7 @@ class Scope(RecordedReads):
             main = store
         # The store starts last: a sink that fails to start then leaves no run directory
         # behind to block a retry at the same path.
-        self._sink = FanOut([*sinks, main])
+        self._sink = FanOut([*sinks, main], len(sinks), self._fail)
         self._started = time.time()
         try:
             self._sink.start(self._run_info())

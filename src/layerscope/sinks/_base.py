@@ -111,18 +111,41 @@ class FanOut:
 
     Each sink is called even when one before it raised: a full disk under the store must not
     also cost the other sinks their rows. The first error is raised once all have been called.
+
+    Args:
+        sinks: the sinks, the one that must start (the run's store) last.
+        optional: how many of the first sinks (the user's trackers) may fail to start: such a
+            sink is told to ``fail`` and left out, and the others start without it.
+        fail: what is told of a sink that failed to start: where, and the error.
     """
 
-    def __init__(self, sinks: Sequence[Sink]) -> None:
+    def __init__(
+        self,
+        sinks: Sequence[Sink],
+        optional: int = 0,
+        fail: Callable[[str, BaseException], None] | None = None,
+    ) -> None:
         self.sinks = list(sinks)
+        self._optional = optional
+        self._fail = fail
 
     def start(self, info: RunInfo) -> None:
-        """Start every sink; if one fails, those started are closed again, as failed."""
+        """Start every sink; if one that must start fails, those started are closed again.
+
+        One of the ``optional`` sinks that fails to start is left out, and ``fail`` told.
+        """
         started: list[Sink] = []
         try:
-            for sink in self.sinks:
-                sink.start(info)
+            for index, sink in enumerate(self.sinks):
+                try:
+                    sink.start(info)
+                except Exception as error:
+                    if index >= self._optional or self._fail is None:
+                        raise
+                    self._fail(f"starting the sink {type(sink).__name__}", error)
+                    continue
                 started.append(sink)
+            self.sinks = started
         except Exception:
             summary = RunSummary("failed", time.time(), 0, 0, 0, 1)
             for sink in started:
