@@ -9,12 +9,13 @@ class Printer:
     """A sink: four methods, called on layerscope's writer thread."""
 
     def start(self, info: RunInfo) -> None:
-        print(f"start {info.name}: {len(info.modules)} modules")
+        print(f"start: {len(info.modules)} modules")
 
     def write(self, records: Records) -> None:
         rows = 0 if records.stats is None else len(records.stats)
         steps = sorted({step for step, _, _ in records.scalars})
-        print(f"write {rows} rows of statistics, scalars of steps {steps}")
+        calls = len(records.calls)  # a recorded step's order of module calls
+        print(f"write {rows} rows of statistics, {calls} call events, scalars of steps {steps}")
 
     def flush(self) -> None:
         pass
