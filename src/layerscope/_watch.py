@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,10 @@ from layerscope.tensors import Record, parse_tensors
 
 if TYPE_CHECKING:
     from layerscope.model import ModuleFilter
+
+
+#: ``watch(if_exists=...)``: where ``run`` holds a run, raise, or write the next free ``run-N``.
+IF_EXISTS = ("fail", "new")
 
 
 def watch(
@@ -42,6 +47,7 @@ def watch(
     workers: int | None = None,
     noise_scale: bool | int = False,
     attention: bool = False,
+    if_exists: str = "fail",
 ) -> Scope:
     """Record statistics of every layer of ``model`` while it trains.
 
@@ -139,13 +145,19 @@ def watch(
             records. Attention written out by hand, or called through a name bound before
             the pass (``from torch.nn.functional import scaled_dot_product_attention``), is
             not seen; ``nn.MultiheadAttention`` always is.
+        if_exists: what to do where ``run`` (a path or URL) holds a run already: ``"fail"``
+            raises FileExistsError; ``"new"`` writes to the first of ``run-2``, ``run-3``...
+            that holds none, as a notebook cell run again or a tracker's next run would
+            (``scope.run_path`` says which). Never into an existing run. Under
+            torch.distributed rank 0 chooses for every rank.
 
     Returns:
         A ``Scope``: a context manager whose exit removes every hook.
 
     Raises:
         TypeError: ``model`` is not a module, or an argument has the wrong type.
-        FileExistsError: ``run`` holds a run, or another process is writing one there.
+        FileExistsError: ``run`` holds a run (and ``if_exists`` is ``"fail"``), or another
+            process is writing one there.
         OSError: ``run``'s files cannot be written (a full disk, no permission).
         ValueError: a number past its bound (``layerscope._limits``: steps up to 2**53, at
             most 4,096 linear histogram bins, each health rule option's range), a bad
@@ -195,9 +207,14 @@ def watch(
         raise ValueError("on_tensor: needs tensors= to say which tensors go to it")
     if tensors_spec is not None and tensors_spec.keep:
         require("safetensors", "capture")
+    if if_exists not in IF_EXISTS:
+        raise ValueError(f"if_exists: expected one of {IF_EXISTS}, got {if_exists!r}")
     store = None
     if run is not None:
         from layerscope.store import ParquetStore
+
+        if if_exists == "new":
+            run = _first_free(run)
 
         store = run if isinstance(run, ParquetStore) else ParquetStore(run)  # type: ignore[arg-type]  # ParquetStore checks the type
     return Scope(
@@ -210,6 +227,20 @@ def watch(
         on_tensor=callback,
         workers=worker_count,
     )
+
+
+def _first_free(run: object) -> str:
+    """``run``, or the first ``run-N`` that holds no run: rank 0's choice under a job."""
+    from layerscope.distributed import rank_zero_choice
+    from layerscope.store import ParquetStore, first_free_run
+
+    if isinstance(run, ParquetStore):
+        raise TypeError(
+            'if_exists: "new" chooses the run\'s path; give run= a path or URL, not a ParquetStore'
+        )
+    if not isinstance(run, str | os.PathLike):
+        raise TypeError(f"run: expected a path or URL, got {type(run).__name__}")
+    return rank_zero_choice(lambda: first_free_run(run))
 
 
 def check_sinks(sinks: object) -> list[Sink]:

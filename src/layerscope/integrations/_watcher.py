@@ -73,37 +73,10 @@ def fresh_run_dir(parent: str) -> str:
     failing on the first one's. Under torch.distributed rank 0 chooses and every rank takes
     its choice: a rank that looked for itself could see the run rank 0 has just begun.
     """
-    import torch.distributed as dist
+    from layerscope.distributed import rank_zero_choice
+    from layerscope.store import first_free_run
 
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return _first_free_run_dir(parent)
-    chosen: list[str | BaseException | None] = [None]
-    if dist.get_rank() == 0:
-        try:
-            chosen[0] = _first_free_run_dir(parent)
-        except Exception as error:  # every rank must still reach the broadcast
-            chosen[0] = RuntimeError(f"choosing the run directory in {parent!r}: {error}")
-    dist.broadcast_object_list(chosen, src=0)
-    choice = chosen[0]
-    if isinstance(choice, BaseException):
-        raise choice
-    if not isinstance(choice, str):
-        raise RuntimeError("rank 0 chose no run directory")
-    return choice
-
-
-def _first_free_run_dir(parent: str) -> str:
-    """The first of ``<parent>/layerscope``, ``layerscope-2``... that holds no run."""
-    from layerscope.store.locations import location_filesystem
-
-    base = f"{parent.rstrip('/')}/{RUN_NAME}"
-    path, number = base, 1
-    while True:
-        fs, root = location_filesystem(path)
-        if not fs.exists(f"{root.rstrip('/')}/run.json"):
-            return path
-        number += 1
-        path = f"{base}-{number}"
+    return rank_zero_choice(lambda: first_free_run(f"{parent.rstrip('/')}/{RUN_NAME}"))
 
 
 def run_path(run: object) -> str | None:

@@ -62,6 +62,11 @@ class RecordedReads:
         return self._meter.seconds
 
     @property
+    def run_path(self) -> str | None:
+        """The run's directory (a path or URL) where it is written; None for one in memory."""
+        return None if self._store is None else self._store.path
+
+    @property
     def failures(self) -> int:
         """How many times monitoring failed and was skipped (the first one also warned)."""
         return self._failures.count

@@ -11,6 +11,7 @@ from layerscope._lazy import lazy_names
 from layerscope.store._calls import expand_orders
 from layerscope.store._damage import RunFileError, warn_damaged
 from layerscope.store._files import write_bytes
+from layerscope.store._free_runs import first_free_run
 from layerscope.store._layout import RUN_FILE, directory_rank, rank_directory
 from layerscope.store._listing import MISSING, UNREADABLE, holds_run, run_folders, run_row, runs
 from layerscope.store._precision import PRECISION_COLUMNS, precision
@@ -61,6 +62,7 @@ __all__ = [
     "calls_table",
     "directory_rank",
     "expand_orders",
+    "first_free_run",
     "holds_run",
     "load",
     "precision",
