@@ -5,7 +5,8 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 source scripts/torch.sh
 install_torch  # first: with no torch installed, a plain `torch` requirement pulls the CUDA build
-.venv/bin/pip install -q -e '.[dev]'
+# No bytecode compiled up front: the tests import a small part of what the tools bring.
+.venv/bin/pip install -q --no-compile -e '.[dev]'
 # The dashboard's browser tests drive Debian's chromium (Playwright's own download is not used).
 if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ||
