@@ -222,3 +222,21 @@ def test_each_attention_head_is_a_metric_of_its_entropy(store):
             steps, values = history(client, sink.run_id, key)
             assert steps == mine.step.tolist() == [0, 1]
             assert values == pytest.approx(mine[column].tolist(), rel=1e-12)
+
+
+def test_mlflow_3s_default_store_without_sqlalchemy_says_what_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "sqlalchemy" else real(name, *args),
+    )
+    model = nn.Linear(2, 2)
+    with pytest.raises(ImportError, match=r"needs the full mlflow .*layerscope\[mlflow\]"):
+        layerscope.watch(model, sinks=[MLflow(experiment="exp")])
+    assert not model._forward_hooks
+    assert not (tmp_path / "mlflow.db").exists()

@@ -115,7 +115,8 @@ class FanOut:
     Args:
         sinks: the sinks, the one that must start (the run's store) last.
         optional: how many of the first sinks (the user's trackers) may fail to start: such a
-            sink is told to ``fail`` and left out, and the others start without it.
+            sink is told to ``fail`` and left out, and the others start without it. A sink
+            whose package is missing (ImportError) fails the start all the same.
         fail: what is told of a sink that failed to start: where, and the error.
     """
 
@@ -140,7 +141,9 @@ class FanOut:
                 try:
                     sink.start(info)
                 except Exception as error:
-                    if index >= self._optional or self._fail is None:
+                    # A missing package is the user's to install, said before training.
+                    required = index >= self._optional or isinstance(error, ImportError)
+                    if required or self._fail is None:
                         raise
                     self._fail(f"starting the sink {type(sink).__name__}", error)
                     continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import time
@@ -27,6 +28,8 @@ ALERT_COUNT = "layerscope/alert_count"
 ALERTS_FILE = "layerscope/alerts.json"
 HISTOGRAMS_FOLDER = "layerscope/histograms"
 _BATCH = 1000  # the most metrics one log_batch takes
+# Tracking URI schemes MLflow opens with SQLAlchemy.
+_DATABASES = frozenset(("sqlite", "postgresql", "mysql", "mssql"))
 # What MLflow allows in a metric name on every platform; anything else becomes "_".
 _NOT_ALLOWED = re.compile(r"[^/\w.\- ]")
 
@@ -39,6 +42,22 @@ def metric_name(key: str) -> str:
         'train/activation/_root_/out_1/mean'
     """
     return _NOT_ALLOWED.sub("_", key.replace(ROOT, "_root_"))
+
+
+def _check_store(uri: str) -> None:
+    """An ImportError saying what to install where ``uri`` is a database MLflow cannot open.
+
+    MLflow 3 logs to ``sqlite:///mlflow.db`` by default; its database stores come with the
+    full ``mlflow`` (SQLAlchemy), not with ``mlflow-skinny``, which refuses them with a
+    message about the model registry.
+    """
+    scheme = uri.partition(":")[0]
+    if scheme in _DATABASES and importlib.util.find_spec("sqlalchemy") is None:
+        raise ImportError(
+            f"MLflow's store {uri} needs the full mlflow (SQLAlchemy): pip install "
+            "'layerscope[mlflow]' brings it; with mlflow-skinny, give tracking_uri= a "
+            "tracking server"
+        )
 
 
 class MLflow:
@@ -61,9 +80,10 @@ class MLflow:
 
     Only rank 0 logs. If an MLflow run is active (``mlflow.active_run()``) when ``watch()``
     starts, the sink logs to it and leaves it open; otherwise it starts a run of its own,
-    named as the layerscope run, and ends it at close. Needs ``layerscope[mlflow]`` (the
-    lighter ``mlflow-skinny``: it logs to a tracking server, or to a local folder with
-    ``MLFLOW_ALLOW_FILE_STORE=true``; a local ``sqlite:`` store needs the full ``mlflow``).
+    named as the layerscope run, and ends it at close. Needs ``layerscope[mlflow]``, the full
+    ``mlflow``, whose default store is ``sqlite:///mlflow.db`` in the working folder (the
+    lighter ``mlflow-skinny`` logs to a tracking server, or to a local folder with
+    ``MLFLOW_ALLOW_FILE_STORE=true``; it cannot open a database store).
 
     Args:
         tracking_uri: where a run the sink starts goes (None: MLflow's default, or
@@ -123,6 +143,7 @@ class MLflow:
             self._client = MlflowClient(mlflow.get_tracking_uri())
             self.run_id = active.info.run_id
         else:
+            _check_store(self.tracking_uri or mlflow.get_tracking_uri())
             self._client = client = MlflowClient(self.tracking_uri)
             run = client.create_run(
                 self._experiment_id(client), run_name=info.name, tags={"layerscope.id": info.id}
