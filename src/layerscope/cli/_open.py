@@ -30,7 +30,7 @@ def open_run(path: str) -> Run:
     try:
         return load(path)
     except _NOT_A_RUN as error:
-        held = _runs_inside(path)
+        held = _runs_inside(path) if isinstance(error, FileNotFoundError) else ""
         if held:
             raise CommandError(
                 f"{path} is a folder of runs ({held}), not a run: `layerscope runs {path}` "
@@ -44,7 +44,12 @@ _LOOKED_AT = 1000
 
 
 def _runs_inside(path: str) -> str:
-    """``"2 runs: a, b"`` where ``path`` is a local folder with runs in it, else ``""``."""
+    """``"2 runs: a, b"`` where ``path`` is a local folder with runs in it, else ``""``.
+
+    A run's ranks' folders (``rank-00001``) are not runs of their own.
+    """
+    from layerscope.store import directory_rank
+
     if "://" in path or not os.path.isdir(path):
         return ""
     try:
@@ -53,6 +58,7 @@ def _runs_inside(path: str) -> str:
                 entry.name
                 for entry in itertools.islice(entries, _LOOKED_AT)
                 if entry.is_dir(follow_symlinks=False)
+                and directory_rank(entry.name) is None
                 and os.path.isfile(os.path.join(entry.path, "run.json"))
             ]
     except OSError:

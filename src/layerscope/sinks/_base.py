@@ -155,6 +155,8 @@ class FanOut:
                 with contextlib.suppress(Exception):  # the first error is the one to raise
                     sink.close(summary)
             raise
+        finally:
+            self._fail = None  # told of start only: holding it would pin its owner
 
     def write(self, records: Records) -> None:
         """Give the records to every sink."""

@@ -97,12 +97,14 @@ def run_row(location: str, name: str, within: Path | None = None) -> dict[str, A
 
     None for the directory of a rank of the run at the root, which is not a run of its own.
     ``within``: a folder the run's files must be in, links followed (see ``Run``). Besides
-    ``COLUMNS``, ``alerts``: the alerts its ranks wrote, as their ``run.json`` counts them
-    (None for a run from before they did, or an unreadable one).
+    ``COLUMNS``, ``alerts``: the alerts a run of one rank wrote, as its ``run.json`` counts
+    them; None for a run of several ranks (one rank's ``run.json`` may be lost or a copy: its
+    files are to be read), one from before that count, or an unreadable one.
     """
     rank = directory_rank(name)
     try:
-        meta = Run(location, within=within).meta
+        run = Run(location, within=within)
+        meta = run.meta
         if rank is not None and meta.get("rank") == rank:
             return None
         return {
@@ -114,7 +116,7 @@ def run_row(location: str, name: str, within: Path | None = None) -> dict[str, A
             "started": meta.get("started"),
             "ended": meta.get("ended"),
             "error": None,
-            "alerts": _alerts_written(meta["ranks"]),
+            "alerts": meta.get("written_alerts") if run.rank_folders == 0 else None,
         }
     # Any error at all: one run that cannot be read is its own row, never the folder's failure.
     except Exception as error:
@@ -127,12 +129,6 @@ def run_row(location: str, name: str, within: Path | None = None) -> dict[str, A
             "status": UNREADABLE,
             "error": unreadable_reason(location, error),
         }
-
-
-def _alerts_written(ranks: list[dict[str, Any]]) -> int | None:
-    counts = [entry.get("alerts") for entry in ranks]
-    known = [count for count in counts if count is not None]
-    return sum(known) if len(known) == len(counts) else None
 
 
 def unreadable_reason(location: str, error: Exception) -> str:

@@ -173,6 +173,11 @@ class Run:
         return sorted(places)
 
     @property
+    def rank_folders(self) -> int:
+        """How many ranks' own folders the run's folder holds now."""
+        return len(self._places()) - 1
+
+    @property
     def modules(self) -> list[ModuleInfo]:
         """The module tree.
 
