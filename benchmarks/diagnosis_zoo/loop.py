@@ -81,4 +81,4 @@ class Loop:
             self.optimizer.step()
         if self.zero_grad(step):
             self.optimizer.zero_grad()
-        return logged.detach()
+        return logged  # undetached, as the README passes it to scope.step

@@ -36,7 +36,7 @@ def train(case: Case, buggy: bool, every: int | None) -> Outcome:
         for step in range(case.steps):
             loss = loop(step)
             scope.step(loss=loss)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
     alerts = scope.frame("alerts")
     said = [
         Said(int(a.step), str(a.rule), str(a.module), str(a.severity)) for a in alerts.itertuples()

@@ -71,6 +71,7 @@ RULE_OPTION_BOUNDS: dict[str, dict[str, Bound]] = {
         "relative": _THRESHOLD,
         "steps": _STEPS,
         "growth": _THRESHOLD,
+        "climb": _THRESHOLD,
     },
     "update_ratio": {"low": _THRESHOLD, "high": _THRESHOLD, "steps": _STEPS, "warmup": _WARMUP},
     "activation_drift": {"factor": _THRESHOLD, "steps": _STEPS, "baseline": _BASELINE},
@@ -87,6 +88,14 @@ RULE_OPTION_BOUNDS: dict[str, dict[str, Bound]] = {
         "window": _STEPS,  # the values the noise is read from
         "warmup": _WARMUP,
     },
+    "not_learning": {
+        "steps": _STEPS,  # the values before the note
+        "warning_steps": _WARMUP,  # the values before the warning; 0: none
+        "baseline": _BASELINE,
+        "window": _STEPS,
+        "fall": _FRACTION,
+        "sigmas": _THRESHOLD,
+    },
     "scaler_skips": {"steps": _STEPS, "falls": _STEPS, "window": _STEPS, "initial": _STEPS},
     "attention_collapse": {
         "fraction": _FRACTION,
@@ -97,7 +106,9 @@ RULE_OPTION_BOUNDS: dict[str, dict[str, Bound]] = {
 }
 RULE_OPTION_BOUNDS["exploding_grad"] = RULE_OPTION_BOUNDS["vanishing_grad"]  # one rule's options
 #: The options that count steps or values: whole numbers.
-WHOLE_RULE_OPTIONS = frozenset(("steps", "warmup", "window", "baseline", "falls", "initial"))
+WHOLE_RULE_OPTIONS = frozenset(
+    ("steps", "warmup", "window", "baseline", "falls", "initial", "warning_steps")
+)
 
 
 def check_within(value: int | float, name: str, bound: Bound) -> None:

@@ -22,10 +22,10 @@ pytest.importorskip("matplotlib")
 ROOT = Path(__file__).parents[2]
 
 # The broken run's alerts, (step, severity, rule, module, kind): both ReLUs die by step 5, so
-# the dead rule sees 3 recorded steps (every 5th) of zeros in a row at step 15.
+# the dead rule sees 2 recorded steps (every 5th) of a ReLU's output all zero at step 10.
 STORY = [
-    (15, "warning", "dead", "1", "activation"),
-    (15, "warning", "dead", "3", "activation"),
+    (10, "warning", "dead", "1", "activation"),
+    (10, "warning", "dead", "3", "activation"),
 ]
 # A number, unless it follows "step ": the alerts' messages name steps, which are exact.
 MEASURE = re.compile(r"(?<!step )(?<![\w.])-?\d+(?:\.\d+)?(?:e[+-]?\d+)?%?")
@@ -93,7 +93,7 @@ def test_the_broken_runs_relus_die_and_the_fixed_one_learns(demo):
     assert story(out / "broken") == STORY
     assert story(out / "fixed") == []
     assert accuracy(first, "broken") < 30 < 90 < accuracy(first, "fixed")
-    assert re.search(r"\n +15 +warning +dead +1 +activation", first)
+    assert re.search(r"\n +10 +warning +dead +1 +activation", first)
 
 
 @pytest.mark.slow
@@ -178,7 +178,7 @@ def test_the_comparison_masks_the_digits_and_keeps_the_story():
     assert other_cpu != shown
     assert comparable(other_cpu) == comparable(shown)
     for other_story in (
-        shown.replace("  15  warning   dead  1", "  20  warning   dead  1"),
+        shown.replace("  10  warning   dead  1", "  20  warning   dead  1"),
         shown.replace("\n3       ReLU", "\n3       GELU"),
         shown.replace("2 alerts (2 warning)", "3 alerts (3 warning)"),
     ):

@@ -17,8 +17,10 @@ from layerscope.health._gradients import Gradients
 from layerscope.health._loss_collapse import LossCollapse
 from layerscope.health._loss_spike import LossSpike
 from layerscope.health._nonfinite import NonFinite
+from layerscope.health._not_learning import NotLearning
 from layerscope.health._scaler_skips import ScalerSkips
 from layerscope.health._update_ratio import UpdateRatio
+from layerscope.health._wrong_loss import WrongLoss
 
 # Each rule's name, and the class that evaluates it (two rules share Gradients).
 RULES: dict[str, type] = {
@@ -30,11 +32,13 @@ RULES: dict[str, type] = {
     "activation_drift": ActivationDrift,
     "loss_spike": LossSpike,
     "loss_collapse": LossCollapse,
+    "not_learning": NotLearning,
     "scaler_skips": ScalerSkips,
     "attention_collapse": AttentionCollapse,
     "accumulating_grad": AccumulatingGrad,
     "constant_input": ConstantInput,
     "eval_mode": EvalMode,
+    "wrong_loss": WrongLoss,
 }
 
 

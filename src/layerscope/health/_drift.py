@@ -14,20 +14,28 @@ from layerscope.health._keyed import earlier, followed
 from layerscope.health._readings import Flush
 from layerscope.health._small_ops import put, put_at, take
 
+CLIMB = 4  # recorded steps in a row an output grew at, to be climbing
+RISE = 1.5  # how many times its scale at the recorded step before, at each of them
+
 
 class ActivationDrift:
     """The root mean square of each output against its start.
 
     The start is the median over its first ``baseline`` recorded training steps that were not
     skipped: a layer initialised near zero (a classifier's logits) grows fast in its first
-    steps, as it should.
+    steps, as it should. An output drifts when it is ``factor`` times larger or smaller than
+    its start, or when it is ``sqrt(factor)`` times larger and climbing: ``RISE`` times larger
+    than at the recorded step before at each of its last ``CLIMB`` recorded steps. Healthy
+    growth slows as it goes (a layer waking up, logits that sharpen); a climb that compounds
+    step after step is an instability feeding itself, which reaches ``factor`` only later.
 
-    Options: ``factor`` (100: that many times larger or smaller), ``steps`` (2 recorded steps
-    in a row), ``baseline`` (5); back within ``sqrt(factor)`` of the start clears it.
+    Options: ``factor`` (100: that many times larger or smaller), ``steps`` (1 recorded step:
+    the next one may be a hundred steps later), ``baseline`` (5); back within
+    ``sqrt(factor)`` of the start clears it.
     """
 
     name = "activation_drift"
-    defaults: ClassVar[dict[str, Any]] = {"factor": 100.0, "steps": 2, "baseline": 5}
+    defaults: ClassVar[dict[str, Any]] = {"factor": 100.0, "steps": 1, "baseline": 5}
 
     def __init__(self, codes: Codes, factor: float, steps: float, baseline: float) -> None:
         self._codes = codes
@@ -40,6 +48,10 @@ class ActivationDrift:
         self._first = torch.zeros((0, self._baseline), dtype=torch.float64)
         self._first_step = torch.zeros(0, dtype=torch.int64)
         self._start = torch.zeros(0, dtype=torch.float64)
+        # By (module, tensor) id: its last scale, and the recorded steps in a row up to it at
+        # which it grew ``RISE`` times.
+        self._last = torch.zeros(0, dtype=torch.float64)
+        self._rises = torch.zeros(0, dtype=torch.int64)
 
     def observe(self, flush: Flush) -> list[Found]:
         """Alerts of a flush's rows: the baselines first, then the rows judged against them."""
@@ -59,18 +71,37 @@ class ActivationDrift:
             base = founding.nonzero().flatten()
             steps = take(flush.step, at)
             self._found(*(take(column, base) for column in (keys, seen, rms, steps)))
+        climbing = self._rose(keys, views, rms) >= CLIMB
         # A row judged against its start: one after its baseline's steps.
         change = rms / take(self._start, keys)
         out = (change > self._factor) | (change < 1 / self._factor)
+        out |= climbing & (change > math.sqrt(self._factor))
         size = len(self._seen)
         judged = ~founding
         chosen = judged & followed(keys, judged & out, self._episodes.active(), size)
         picked = chosen.nonzero().flatten()
         found: list[Found] = []
-        rows = sorted(zip(*(take(c, picked).tolist() for c in (views, at, keys)), strict=True))
-        for view, row, key in rows:
-            found += self._judge(flush, view, row, key)
+        columns = (views, at, keys, climbing)
+        rows = sorted(zip(*(take(c, picked).tolist() for c in columns), strict=True))
+        for view, row, key, climbed in rows:
+            found += self._judge(flush, view, row, key, climbed)
         return found
+
+    def _rose(self, keys: torch.Tensor, views: torch.Tensor, rms: torch.Tensor) -> torch.Tensor:
+        """By row: the recorded steps in a row, up to its own, its scale grew ``RISE`` times at.
+
+        Each over the recorded step before; each key has one row a view.
+        """
+        rises = torch.zeros(len(keys), dtype=torch.int64)
+        for view in torch.unique(views).tolist():  # oldest first: each is the next one's before
+            mine = (views == view).nonzero().flatten()
+            key, scale = take(keys, mine), take(rms, mine)
+            rose = scale >= RISE * take(self._last, key)  # False against NaN: none before
+            count = torch.where(rose, take(self._rises, key) + 1, 0)
+            put(self._rises, key, count)
+            put(self._last, key, scale)
+            put(rises, mine, count)
+        return rises
 
     def _grow(self, size: int) -> None:
         more = size - len(self._seen)
@@ -80,6 +111,8 @@ class ActivationDrift:
             self._first = torch.cat([self._first, blank])
             self._first_step = torch.cat([self._first_step, torch.zeros(more, dtype=torch.int64)])
             self._start = torch.cat([self._start, torch.full((more,), math.nan)]).double()
+            self._last = torch.cat([self._last, torch.full((more,), math.nan)]).double()
+            self._rises = torch.cat([self._rises, torch.zeros(more, dtype=torch.int64)])
 
     def _found(
         self, keys: torch.Tensor, seen: torch.Tensor, rms: torch.Tensor, steps: torch.Tensor
@@ -97,28 +130,43 @@ class ActivationDrift:
                 median = (ordered[:, middle - 1] + median) / 2
             put(self._start, full, median)
 
-    def _judge(self, flush: Flush, view: int, row: int, key: int) -> list[Found]:
+    def _judge(self, flush: Flush, view: int, row: int, key: int, climbing: bool) -> list[Found]:
         reading = flush.reading(row)
         rms = reading.rms
         start, start_step = float(self._start[key]), int(self._first_step[key])
         change = rms / start
-        holds = change > self._factor or change < 1 / self._factor
+        far = change > self._factor or change < 1 / self._factor
+        # A climb is its own confirmation: it held at each of its last CLIMB recorded steps.
+        climbed = climbing and change > math.sqrt(self._factor)
         clear = 1 / math.sqrt(self._factor) < change < math.sqrt(self._factor)
-        if not self._episodes.observe(key, True if holds else (False if clear else None)):
+        holds = True if far or climbed else (False if clear else None)
+        if not self._episodes.observe(key, holds, at_once=climbed):
             return []
         name = reading.module or "the model"
+        climb = (
+            f", {RISE:g} times or more at each of its last {CLIMB} recorded steps: a growth "
+            "that compounds. Look for a loss term that rewards this output's growth (a weight "
+            "of the wrong sign), a learning rate too high, or a missing normalisation"
+            if climbed and not far
+            else ". Look for a change of data or learning rate at the step it began, or "
+            "normalise the layer's input"
+        )
         alert = Alert.on(
             reading,
             rule=self.name,
             value=change,
-            threshold=self._factor if change > 1 else 1 / self._factor,
+            threshold=(
+                math.sqrt(self._factor)
+                if climbed and not far
+                else (self._factor if change > 1 else 1 / self._factor)
+            ),
             message=(
                 f"the output {reading.tensor} of {name} "
                 f"({self._codes.order.type_of(reading.module)}) has "
                 f"{'grown' if change > 1 else 'shrunk'} {max(change, 1 / change):.3g} "
                 f"times in scale since its first recorded steps (root mean square "
                 f"{start:.3g} from step {start_step} on, {rms:.3g} at step "
-                f"{flush.views[view].step})"
+                f"{flush.views[view].step}){climb}"
             ),
         )
         return [(view, (row,), alert)]

@@ -16,9 +16,12 @@ gradients to the ``dead`` rule (no gradient flows through dead units).
 output gradient is also judged against its own last recorded steps: read before clipping, it
 shows a loss multiplied up that clipping hides from the parameters' gradients. Only its growth
 beyond the most that any layer after it grew counts, so the layer where it starts is named,
-not every layer upstream that grows with it. A GradScaler's scale only halves at a skipped
-step and doubles at most once per growth interval (2,000 steps by default): far below
-``growth`` over the ``RECENT`` steps a layer is judged against.
+not every layer upstream that grows with it. Healthy runs stay below 4 there; ``growth`` at
+once is a loss multiplied up, ``climb`` at ``steps`` recorded steps in a row, rising at each,
+a gradient that feeds itself (an LSTM stepped too far, its backward through time growing
+from step to step, whose gradients then vanish once its gates saturate). A GradScaler's
+scale only halves at a skipped step and doubles at most once per growth interval (2,000
+steps by default): far below ``climb`` over the ``RECENT`` steps a layer is judged against.
 """
 
 from __future__ import annotations
@@ -51,20 +54,30 @@ from layerscope.health._small_ops import counts_by, put, take
 _KINDS = {"grad": "output", "weight_grad": "parameter"}
 _ABSOLUTE = ("weight_grad",)  # the kinds with absolute bounds: those in the optimizer's units
 RECENT = 8  # recorded steps of a layer's output gradient that say what its scale usually is
-MIN_HISTORY = 2  # the fewest of them that do
+MIN_HISTORY = 1  # the fewest of them that do
+# The fewest to judge a jump ``growth`` at once against. One earlier step is no usual scale
+# for that: a head's first steps grow its input's gradient as fast as its weights grow from
+# their initial values (a CNN stepped ten times too high, whose ReLUs then die). A climb is
+# judged from one: it must go on rising for ``steps`` recorded steps.
+AT_ONCE_HISTORY = 2
 
 
 @dataclass(frozen=True, slots=True)
 class Growth:
-    """By row: its scale over its usual one, that beyond the layers' after it, steps held."""
+    """By row: its growth over its usual scale, beyond the layers' after it, steps held.
+
+    And whether its scale is above its scale at the recorded step before: ``rising``.
+    """
 
     growth: Tensor
     excess: Tensor
     held: Tensor
+    rising: Tensor
 
-    def of(self, at: int) -> tuple[float, float, int]:
-        """Row ``at``'s three, as Python numbers."""
-        return float(self.growth[at]), float(self.excess[at]), int(self.held[at])
+    def of(self, at: int) -> tuple[float, float, int, bool]:
+        """Row ``at``'s four, as Python numbers."""
+        growth, excess = float(self.growth[at]), float(self.excess[at])
+        return growth, excess, int(self.held[at]), bool(self.rising[at])
 
 
 class Gradients:
@@ -75,7 +88,8 @@ class Gradients:
     layers after it); ``steps`` (2 recorded steps in a row); ``growth`` (50: an output
     gradient that many times its median over its last ``RECENT`` recorded steps, beyond the
     most any layer after it grew, explodes at once: the next recorded step may be a hundred
-    steps later).
+    steps later); ``climb`` (5: that growth at ``steps`` recorded steps in a row, each
+    scale larger than the one before, explodes).
     """
 
     name = "gradients"
@@ -86,6 +100,7 @@ class Gradients:
         "relative": 1e3,
         "steps": 2,
         "growth": 50.0,
+        "climb": 5.0,
     }
 
     def __init__(
@@ -96,6 +111,7 @@ class Gradients:
         relative: float,
         steps: float,
         growth: float = 50.0,
+        climb: float = 5.0,
         enabled: tuple[str, ...] = rules,
     ) -> None:
         self._codes = codes
@@ -103,14 +119,17 @@ class Gradients:
         self._high = exploding_above
         self._relative = relative
         self._grown_above = growth
+        self._climb = climb
+        self._steps = int(steps)
         self._enabled = enabled
         # Keyed by (module, kind, tensor) id.
         self._episodes = {
             rule: Episodes(patience=int(steps), recovery=int(steps)) for rule in enabled
         }
-        # Growth over a layer's own past: one recorded step says it.
+        # Growth over a layer's own past: ``climb`` for ``steps`` recorded steps, or
+        # ``growth`` at once.
         exploding = "exploding_grad" in enabled
-        self._grown = Episodes(patience=1, recovery=int(steps)) if exploding else None
+        self._grown = Episodes(patience=int(steps), recovery=int(steps)) if exploding else None
         self._recent = RecentScales(RECENT)
         self._calls = (-1, 0)  # the order's version and module count ``_called_ids`` is of
         self._called_ids = torch.zeros(0, dtype=torch.bool)
@@ -176,6 +195,7 @@ class Gradients:
             torch.full((count,), math.nan, dtype=torch.float64),
             torch.full((count,), math.nan, dtype=torch.float64),
             torch.zeros(count, dtype=torch.int64),
+            torch.zeros(count, dtype=torch.bool),
         )
         outputs = (take(flush.field(KIND), rows) == GRAD).nonzero().flatten()
         view_of = take(flush.view, take(rows, outputs))
@@ -184,11 +204,10 @@ class Gradients:
             slots = take(flush.field(SLOT), take(rows, mine))
             scales = take(flush.rms, take(rows, mine))
             usual, held = self._recent.usual(slots)
-            # One earlier step is no usual scale: a head's first steps grow its input's
-            # gradient as fast as its weights grow from their initial values.
             usual = usual.where(held >= MIN_HISTORY, math.nan)
             put(growth.growth, mine, scales / usual)
             put(growth.held, mine, held)
+            put(growth.rising, mine, scales > self._recent.last(slots))
             self._recent.append(slots, scales)
             # The view's group, in forward order: the most each layer after it grew.
             ranked = mine[take(group, mine) == view]
@@ -214,7 +233,8 @@ class Gradients:
         absolute = (take(flush.field(KIND), rows) == WEIGHT_GRAD) & (
             (scales < self._low) | (scales > self._high)
         )
-        grown = (growth.excess > self._grown_above) if self._grown is not None else relative & False
+        least = min(self._climb, self._grown_above)  # the least growth that may open an episode
+        grown = (growth.excess > least) if self._grown is not None else relative & False
         slots = take(flush.field(SLOT), rows)
         count = len(self._codes.slots.values)
         episodes = [*self._episodes.values(), *([self._grown] if self._grown else [])]
@@ -270,7 +290,7 @@ class Gradients:
         reading: Reading,
         middles: tuple[float, float],
         layers: int,
-        grown: tuple[float, float, int],
+        grown: tuple[float, float, int, bool],
     ) -> list[Alert]:
         found = self._judge_bounds(flush, view, reading, middles, layers)
         alert = self._judge_growth(flush, view, reading, grown, opened=bool(found))
@@ -281,38 +301,42 @@ class Gradients:
         flush: Flush,
         view: int,
         reading: Reading,
-        grown: tuple[float, float, int],
+        grown: tuple[float, float, int, bool],
         opened: bool,
     ) -> Alert | None:
         """``exploding_grad`` of an output gradient grown far past its own recent scale."""
         if self._grown is None or reading.kind != "grad":
             return None
-        growth, excess, held = grown
-        limit = self._grown_above
-        # Back below the square root of the limit (half its orders of magnitude) clears it.
-        holds: bool | None = None
-        if excess > limit:
-            holds = True
-        elif math.isnan(excess) or excess < math.sqrt(limit):
-            holds = False
+        growth, excess, held, rising = grown
+        # Beyond ``growth`` at once; beyond ``climb`` and still rising at ``steps`` recorded
+        # steps in a row (a scale that jumped once and stays is no climb).
+        at_once = excess > self._grown_above and held >= AT_ONCE_HISTORY
+        climbing = excess > self._climb and rising
         key = self._slot(reading)
-        if not self._grown.observe(key, holds) or opened:
+        if not self._grown.observe(key, climbing or at_once, at_once) or opened:
             return None
         if key in self._episodes["exploding_grad"].active():
             return None
         name = reading.module or "the model"
+        how = (
+            f"{excess:.3g} times the most any layer after it grew"
+            if at_once
+            else f"{excess:.3g} times the most any layer after it grew, beyond {self._climb:g} "
+            f"and larger than at the recorded step before, at {self._steps} recorded steps in a "
+            "row: a gradient that feeds itself"
+        )
         return Alert.on(
             reading,
             rule="exploding_grad",
             value=excess,
-            threshold=limit,
+            threshold=self._grown_above if at_once else self._climb,
             message=(
                 f"exploding gradient at step {flush.views[view].step}: the gradient of {name} "
                 f"({self._codes.order.type_of(reading.module)}) output {reading.tensor} (root "
                 f"mean square): its scale {reading.rms:.3g} is {growth:.3g} times its median over "
-                f"its last {held} recorded steps, {excess:.3g} times the most any layer after it "
-                "grew. Output gradients are read before clipping: look for a loss or a loss "
-                "weight multiplied up, or a learning rate too high, and clip gradients"
+                f"its last {held} recorded steps, {how}. Output gradients are read before "
+                "clipping: look for a loss or a loss weight multiplied up, or a learning rate "
+                "too high, and clip gradients"
             ),
         )
 

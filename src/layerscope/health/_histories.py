@@ -145,6 +145,14 @@ class RecentScales:
         usual = _medians(scales.sort(dim=1).values, held.clamp(min=1))
         return torch.where(held > 0, usual, math.nan), held
 
+    def last(self, keys: Tensor) -> Tensor:
+        """Each key's latest scale (NaN where none)."""
+        self._grow(int(keys.max()) + 1 if len(keys) else 0)
+        count = take(self._count, keys)
+        place = ((count - 1) % self.size).unsqueeze(1)
+        latest = take(self._scales, keys).gather(1, place).squeeze(1)
+        return torch.where(count > 0, latest, math.nan)
+
     def append(self, keys: Tensor, scales: Tensor) -> None:
         """Append one scale to each of ``keys`` (distinct)."""
         self._grow(int(keys.max()) + 1 if len(keys) else 0)

@@ -23,11 +23,13 @@ from layerscope.health._gradients import Gradients
 from layerscope.health._loss_collapse import LossCollapse
 from layerscope.health._loss_spike import LossSpike
 from layerscope.health._nonfinite import NonFinite
+from layerscope.health._not_learning import NotLearning
 from layerscope.health._order import ModuleOrder
 from layerscope.health._readings import read_flush
 from layerscope.health._roots import Roots
 from layerscope.health._scaler_skips import ScalerSkips
 from layerscope.health._update_ratio import UpdateRatio, left_out_of, matrices_of
+from layerscope.health._wrong_loss import WrongLoss
 from layerscope.model import AttentionRow, CallEvent, ModuleInfo, StatsRows
 
 _log = logging.getLogger("layerscope")
@@ -85,6 +87,9 @@ class HealthMonitor:
         self._collapse = (
             LossCollapse(**rules["loss_collapse"]) if "loss_collapse" in rules else None
         )
+        self._not_learning = (
+            NotLearning(**rules["not_learning"]) if "not_learning" in rules else None
+        )
         self._skips = (
             ScalerSkips(self._codes, **rules["scaler_skips"]) if "scaler_skips" in rules else None
         )
@@ -96,6 +101,7 @@ class HealthMonitor:
         # The (module, parameter) whose gradient is watched across optimizer steps.
         self._carried = AccumulatingGrad(probe) if "accumulating_grad" in rules else None
         self._eval_mode = EvalMode(self.order) if "eval_mode" in rules else None
+        self._wrong_loss = WrongLoss(self.order) if "wrong_loss" in rules else None
         self._pending: list[Alert] = []
         self._lock = threading.Lock()
         self._skipped: set[int] = set()  # steps marked skipped whose rows may still come
@@ -176,12 +182,17 @@ class HealthMonitor:
         if self._collapse is not None:
             for step, name, value in scalars:
                 alerts += self._collapse.observe_scalar(step, name, value)
+        if self._not_learning is not None:
+            for step, name, value in scalars:
+                alerts += self._not_learning.observe_scalar(step, name, value)
         if self._skips is not None:
             alerts += self._skips.observe_scalars(scalars)
         if self._carried is not None:
             alerts += self._carried.observe_scalars(scalars)
         if self._eval_mode is not None:
             alerts += self._eval_mode.observe_scalars(scalars)
+        if self._wrong_loss is not None:
+            alerts += self._wrong_loss.observe_scalars(scalars)
         if alerts:
             with self._lock:
                 self._pending += alerts

@@ -26,6 +26,7 @@ from layerscope.hooks import _gates as gates
 from layerscope.hooks._call_log import CallLog
 from layerscope.hooks._cost import CostMeter
 from layerscope.hooks._handles import HookHandles, in_backward
+from layerscope.hooks._loss_graph import LossGraph, Scalars
 from layerscope.hooks._steps import StepClock
 from layerscope.hooks._train_modes import TrainModes
 from layerscope.hooks._values import InputNames, named_tensors
@@ -92,6 +93,7 @@ class LayerHooks:
         self._call_log = CallLog(pipeline)
         self._calls_open = True  # the step's first training pass is logging its call order
         self._followers: list[Callable[[], None]] = []
+        self._loss_graph = LossGraph(fail)  # probabilities fed to a loss taking logits
 
     @property
     def calls(self) -> list[CallEvent]:
@@ -267,6 +269,10 @@ class LayerHooks:
         self._call_counts.clear()
         self._checkpointed.clear()
 
+    def with_loss_findings(self, scalars: Scalars) -> Scalars:
+        """``scalars`` of ``scope.step``, and what the loss's graph shows, once (``LossGraph``)."""
+        return scalars if not self._loss_graph.pending else self._loss_graph.with_findings(scalars)
+
     def send_calls(self) -> None:
         """Send the call order of the step in progress (``same`` if it is the last one's)."""
         self._call_log.send()
@@ -363,6 +369,8 @@ class LayerHooks:
             if tensor.requires_grad and not tensor.is_leaf:
                 tensor.register_hook(partial(self._on_grad, target, name, call))  # type: ignore[no-untyped-call]  # untyped in torch
                 hooked = True
+                if self._loss_graph.pending and self._clock.recording:  # not the sentinel's
+                    self._loss_graph.tag(target.name, tensor)
         return hooked
 
     def _on_grad(self, target: Target, name: str, call: int, grad: Tensor | None) -> None:

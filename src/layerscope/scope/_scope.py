@@ -235,20 +235,20 @@ class Scope(RecordedReads):
         self._check_open("step")
         start = time.perf_counter()
         clock = self._clock
-        parameters = self._parameters
         try:
+            scalars = self._layers.with_loss_findings(scalars)
             if not self._optimizers:
                 self._recorder.add_scalars(clock.step, scalars)
                 self._finish_step()
                 return
-            call = parameters.at_step_call(clock.trained)
+            call = self._parameters.at_step_call(clock.trained)
             if call is StepCall.HOLD:  # a micro-batch: its scalars wait for its step's end
                 self._held_scalars.hold(scalars)
                 return
             scalars = self._held_scalars.merged(scalars)
             if call is not StepCall.KEEP:
                 self._finish_step(skipped=call is StepCall.SKIPPED)
-            parameters.optimizer_ended = False
+            self._parameters.optimizer_ended = False
             ended = clock.ended
             self._recorder.add_scalars(clock.step if ended is None else ended, scalars)
             if self._recorder.holding or (ended is not None and scalars and clock.records(ended)):

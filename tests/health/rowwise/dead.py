@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from layerscope.health._alert import Alert
+from layerscope.health._dead import RECTIFIERS, SURE_NUMEL, SURE_STEPS
 from layerscope.health._episodes import Episodes
 from rowwise.readings import ModuleOrder, Reading, StepView
 
@@ -47,6 +48,7 @@ class Dead:
         self._steps = int(steps)
         self._clear_below = clear_below
         self._episodes = Episodes(patience=self._steps)
+        self._wholly_zero: dict[tuple[str, str, str], int] = {}
 
     def observe(self, view: StepView) -> list[Alert]:
         """Alerts of one step's rows."""
@@ -66,12 +68,29 @@ class Dead:
                 if value < limit * self._clear_below:
                     holds = False
                 key = (reading.module, reading.tensor, measure)
-                if self._episodes.observe(key, holds):
-                    alerts.append(self._alert(view, reading, measure, value, limit))
+                wholly_zero = (
+                    measure == "zero_frac"
+                    and value >= 1.0
+                    and reading.get("numel") >= SURE_NUMEL
+                    and self._order.type_of(reading.module) in RECTIFIERS
+                )
+                in_a_row = self._wholly_zero.pop(key, 0) + 1 if wholly_zero else 0
+                if in_a_row:
+                    self._wholly_zero[key] = in_a_row
+                sure = in_a_row >= min(SURE_STEPS, self._steps)
+                if self._episodes.observe(key, holds, at_once=sure):
+                    steps = in_a_row if sure else self._steps
+                    alerts.append(self._alert(view, reading, measure, value, limit, steps))
         return alerts
 
     def _alert(
-        self, view: StepView, reading: Reading, measure: str, value: float, limit: float
+        self,
+        view: StepView,
+        reading: Reading,
+        measure: str,
+        value: float,
+        limit: float,
+        steps: int,
     ) -> Alert:
         name = f"{reading.module or 'the model'} ({self._order.type_of(reading.module)})"
         if measure == "zero_frac":
@@ -87,7 +106,7 @@ class Dead:
             value=value,
             threshold=limit,
             message=(
-                f"{name} is dying: {what}, {self._steps} recorded steps in a row up to step "
+                f"{name} is dying: {what}, {steps} recorded steps in a row up to step "
                 f"{view.step}; {_ADVICE}"
             ),
         )

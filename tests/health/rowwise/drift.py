@@ -10,6 +10,9 @@ from layerscope.health._alert import Alert
 from layerscope.health._episodes import Episodes
 from rowwise.readings import ModuleOrder, StepView
 
+CLIMB = 4  # recorded steps in a row an output grew at, to be climbing
+RISE = 1.5  # how many times its scale at the recorded step before, at each of them
+
 
 class ActivationDrift:
     """The root mean square of each output against its start.
@@ -23,7 +26,7 @@ class ActivationDrift:
     """
 
     name = "activation_drift"
-    defaults: ClassVar[dict[str, Any]] = {"factor": 100.0, "steps": 2, "baseline": 5}
+    defaults: ClassVar[dict[str, Any]] = {"factor": 100.0, "steps": 1, "baseline": 5}
 
     def __init__(self, order: ModuleOrder, factor: float, steps: float, baseline: float) -> None:
         self._order = order
@@ -32,6 +35,7 @@ class ActivationDrift:
         self._first: dict[tuple[str, str], list[tuple[int, float]]] = {}
         self._episodes = Episodes(patience=int(steps), recovery=int(steps))
         self._start: dict[tuple[str, str], tuple[int, float]] = {}
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # scale, rises in a row
 
     def observe(self, view: StepView) -> list[Alert]:
         """Alerts of one step's rows."""
@@ -43,6 +47,9 @@ class ActivationDrift:
             if reading.nonfinite or not rms > 0:
                 continue
             key = (reading.module, reading.tensor)
+            last, rises = self._last.get(key, (math.nan, 0))
+            rises = rises + 1 if rms >= RISE * last else 0
+            self._last[key] = (rms, rises)
             if key not in self._start:
                 first = self._first.setdefault(key, [])
                 first.append((view.step, rms))
@@ -53,23 +60,38 @@ class ActivationDrift:
                 continue
             start_step, start = self._start[key]
             change = rms / start
-            holds = change > self._factor or change < 1 / self._factor
+            far = change > self._factor or change < 1 / self._factor
+            climbed = rises >= CLIMB and change > math.sqrt(self._factor)
             clear = 1 / math.sqrt(self._factor) < change < math.sqrt(self._factor)
-            if not self._episodes.observe(key, True if holds else (False if clear else None)):
+            holds = True if far or climbed else (False if clear else None)
+            if not self._episodes.observe(key, holds, at_once=climbed):
                 continue
             name = reading.module or "the model"
+            climb = (
+                f", {RISE:g} times or more at each of its last {CLIMB} recorded steps: a growth "
+                "that compounds. Look for a loss term that rewards this output's growth (a weight "
+                "of the wrong sign), a learning rate too high, or a missing normalisation"
+                if climbed and not far
+                else ". Look for a change of data or learning rate at the step it began, or "
+                "normalise the layer's input"
+            )
             alerts.append(
                 Alert.on(
                     reading,
                     rule=self.name,
                     value=change,
-                    threshold=self._factor if change > 1 else 1 / self._factor,
+                    threshold=(
+                        math.sqrt(self._factor)
+                        if climbed and not far
+                        else (self._factor if change > 1 else 1 / self._factor)
+                    ),
                     message=(
                         f"the output {reading.tensor} of {name} "
                         f"({self._order.type_of(reading.module)}) has "
                         f"{'grown' if change > 1 else 'shrunk'} {max(change, 1 / change):.3g} "
                         f"times in scale since its first recorded steps (root mean square "
                         f"{start:.3g} from step {start_step} on, {rms:.3g} at step {view.step})"
+                        f"{climb}"
                     ),
                 )
             )

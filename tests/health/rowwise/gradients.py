@@ -26,7 +26,8 @@ from rowwise.readings import ModuleOrder, Reading, StepView
 _KINDS = {"grad": "output", "weight_grad": "parameter"}
 _ABSOLUTE = ("weight_grad",)  # the kinds with absolute bounds: those in the optimizer's units
 RECENT = 8  # recorded steps of a layer's output gradient that say what its scale usually is
-MIN_HISTORY = 2  # the fewest of them that do
+MIN_HISTORY = 1  # the fewest of them that do
+AT_ONCE_HISTORY = 2  # the fewest to judge a jump at once against
 
 
 class Gradients:
@@ -45,6 +46,7 @@ class Gradients:
         "relative": 1e3,
         "steps": 2,
         "growth": 50.0,
+        "climb": 5.0,
     }
 
     def __init__(
@@ -55,6 +57,7 @@ class Gradients:
         relative: float,
         steps: float,
         growth: float = 50.0,
+        climb: float = 5.0,
         enabled: tuple[str, ...] = rules,
     ) -> None:
         self._order = order
@@ -62,13 +65,16 @@ class Gradients:
         self._high = exploding_above
         self._relative = relative
         self._grown_above = growth
+        self._climb = climb
+        self._steps = int(steps)
         self._enabled = enabled
         self._episodes = {
             rule: Episodes(patience=int(steps), recovery=int(steps)) for rule in enabled
         }
         exploding = "exploding_grad" in enabled
-        self._grown = Episodes(patience=1, recovery=int(steps)) if exploding else None
+        self._grown = Episodes(patience=int(steps), recovery=int(steps)) if exploding else None
         self._recent: dict[tuple[str, str, str], deque[float]] = {}
+        self._rising: dict[int, bool] = {}  # by reading id: above its last recorded scale
 
     def observe(self, view: StepView) -> list[Alert]:
         """Alerts of one step's rows."""
@@ -116,10 +122,12 @@ class Gradients:
         """Each reading's scale over the median of its last ``RECENT``, and how many; then
         each joins its history."""
         growth = {}
+        self._rising.clear()
         for reading in readings:
             recent = self._recent.get((reading.module, reading.kind, reading.tensor), ())
             usual = _median(sorted(recent)) if len(recent) >= MIN_HISTORY else math.nan
             growth[id(reading)] = (reading.rms / usual, len(recent))
+            self._rising[id(reading)] = bool(recent) and reading.rms > recent[-1]
         for reading in readings:
             key = (reading.module, reading.kind, reading.tensor)
             self._recent.setdefault(key, deque(maxlen=RECENT)).append(reading.rms)
@@ -144,30 +152,33 @@ class Gradients:
         if self._grown is None or reading.kind != "grad":
             return None
         growth, held, excess = grown
-        limit = self._grown_above
-        holds: bool | None = None
-        if excess > limit:
-            holds = True
-        elif math.isnan(excess) or excess < math.sqrt(limit):
-            holds = False
+        at_once = excess > self._grown_above and held >= AT_ONCE_HISTORY
+        climbing = excess > self._climb and self._rising.get(id(reading), False)
         key = (reading.module, reading.kind, reading.tensor)
-        if not self._grown.observe(key, holds) or opened:
+        if not self._grown.observe(key, climbing or at_once, at_once) or opened:
             return None
         if key in self._episodes["exploding_grad"].active():
             return None
         name = reading.module or "the model"
+        how = (
+            f"{excess:.3g} times the most any layer after it grew"
+            if at_once
+            else f"{excess:.3g} times the most any layer after it grew, beyond {self._climb:g} "
+            f"and larger than at the recorded step before, at {self._steps} recorded steps in a "
+            "row: a gradient that feeds itself"
+        )
         return Alert.on(
             reading,
             rule="exploding_grad",
             value=excess,
-            threshold=limit,
+            threshold=self._grown_above if at_once else self._climb,
             message=(
                 f"exploding gradient at step {view.step}: the gradient of {name} "
                 f"({self._order.type_of(reading.module)}) output {reading.tensor} (root "
                 f"mean square): its scale {reading.rms:.3g} is {growth:.3g} times its median over "
-                f"its last {held} recorded steps, {excess:.3g} times the most any layer after it "
-                "grew. Output gradients are read before clipping: look for a loss or a loss "
-                "weight multiplied up, or a learning rate too high, and clip gradients"
+                f"its last {held} recorded steps, {how}. Output gradients are read before "
+                "clipping: look for a loss or a loss weight multiplied up, or a learning rate "
+                "too high, and clip gradients"
             ),
         )
 

@@ -13,6 +13,7 @@ from torch import nn
 from layerscope.health._alert import Alert
 from layerscope.health._config import AlertsConfig
 from layerscope.health._loss_collapse import LossCollapse
+from layerscope.health._not_learning import NotLearning
 from layerscope.model import CallEvent, ModuleInfo, StatsRows
 from rowwise.dead import Dead
 from rowwise.drift import ActivationDrift
@@ -63,9 +64,13 @@ class HealthMonitor:
         if "activation_drift" in rules:
             self._rules.append(ActivationDrift(self.order, **rules["activation_drift"]))
         self._loss = LossSpike(self.order, **rules["loss_spike"]) if "loss_spike" in rules else None
-        # loss_collapse reads the scalars only: the library's rule is its own reference.
+        # loss_collapse and not_learning read the scalars only: the library's rules are their
+        # own reference.
         self._collapse = (
             LossCollapse(**rules["loss_collapse"]) if "loss_collapse" in rules else None
+        )
+        self._not_learning = (
+            NotLearning(**rules["not_learning"]) if "not_learning" in rules else None
         )
         self._skips = (
             ScalerSkips(self.order, **rules["scaler_skips"]) if "scaler_skips" in rules else None
@@ -119,6 +124,9 @@ class HealthMonitor:
         if self._collapse is not None:
             for step, name, value in scalars:
                 alerts += self._collapse.observe_scalar(step, name, value)
+        if self._not_learning is not None:
+            for step, name, value in scalars:
+                alerts += self._not_learning.observe_scalar(step, name, value)
         if self._skips is not None:
             alerts += self._skips.observe_scalars(scalars)
         if alerts:
