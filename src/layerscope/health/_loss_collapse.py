@@ -66,9 +66,13 @@ class LossCollapse:
             return []
         self._fell_from = level
         return [
-            Alert.of_model(
-                step,
+            Alert(
+                step=step,
+                phase="train",
                 rule=self.name,
+                module="",
+                kind="",
+                tensor="",
                 severity="warning",
                 value=value,
                 threshold=math.exp(level - max(self._drop, self._sigmas * spread)),

@@ -175,9 +175,12 @@ class NonFinite:
                 "gradient may have made every weight non-finite: Schedule(sentinel=True) names "
                 "the layer where it is born, at its step"
             )
-        return Alert.of_model(
-            step,
+        return Alert(
+            step=step,
+            phase="train",
             rule=self.name,
+            module="",
+            kind="",
             tensor="loss",
             severity="error",
             value=value,

@@ -111,9 +111,13 @@ class NotLearning:
         # Early on, a model on a plateau before it learns looks the same.
         plateau = "a plateau before the loss starts to fall, " if severity == "info" else ""
         return [
-            Alert.of_model(
-                step,
+            Alert(
+                step=step,
+                phase="train",
                 rule=self.name,
+                module="",
+                kind="",
+                tensor="",
                 severity=severity,
                 value=math.exp(recent),
                 threshold=math.exp(start - self._fall),
