@@ -62,6 +62,32 @@ class Alert:
             message=message,
         )
 
+    @classmethod
+    def of_model(
+        cls,
+        step: int,
+        *,
+        rule: str,
+        value: float,
+        threshold: float,
+        message: str,
+        severity: str = "warning",
+        tensor: str = "",
+    ) -> Alert:
+        """An alert about the model as a whole at training step ``step`` (from its scalars)."""
+        return cls(
+            step=step,
+            phase="train",
+            rule=rule,
+            module="",
+            kind="",
+            tensor=tensor,
+            severity=severity,
+            value=value,
+            threshold=threshold,
+            message=message,
+        )
+
 
 # An alert of a flush, with where it goes among the flush's: its view's index, then an order
 # within the rule (the order the rule judged its rows in, step by step).

@@ -66,13 +66,9 @@ class LossCollapse:
             return []
         self._fell_from = level
         return [
-            Alert(
-                step=step,
-                phase="train",
+            Alert.of_model(
+                step,
                 rule=self.name,
-                module="",
-                kind="",
-                tensor="",
                 severity="warning",
                 value=value,
                 threshold=math.exp(level - max(self._drop, self._sigmas * spread)),

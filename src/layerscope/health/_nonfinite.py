@@ -175,12 +175,9 @@ class NonFinite:
                 "gradient may have made every weight non-finite: Schedule(sentinel=True) names "
                 "the layer where it is born, at its step"
             )
-        return Alert(
-            step=step,
-            phase="train",
+        return Alert.of_model(
+            step,
             rule=self.name,
-            module="",
-            kind="",
             tensor="loss",
             severity="error",
             value=value,

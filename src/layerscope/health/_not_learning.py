@@ -111,13 +111,9 @@ class NotLearning:
         # Early on, a model on a plateau before it learns looks the same.
         plateau = "a plateau before the loss starts to fall, " if severity == "info" else ""
         return [
-            Alert(
-                step=step,
-                phase="train",
+            Alert.of_model(
+                step,
                 rule=self.name,
-                module="",
-                kind="",
-                tensor="",
                 severity=severity,
                 value=math.exp(recent),
                 threshold=math.exp(start - self._fall),
