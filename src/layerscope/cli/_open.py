@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-import os
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -39,33 +37,19 @@ def open_run(path: str) -> Run:
         raise CommandError(_one_line(error, path)) from None
 
 
-# Entries of a folder looked at for runs inside it: a huge folder is not listed in full.
-_LOOKED_AT = 1000
-
-
 def _runs_inside(path: str) -> str:
-    """``"2 runs: a, b"`` where ``path`` is a local folder with runs in it, else ``""``.
+    """``"2 runs: a, b"`` where ``path`` is a folder of runs, else ``""``.
 
-    A run's ranks' folders (``rank-00001``) are not runs of their own.
+    The runs are those ``layerscope runs`` lists; a run's ranks' folders are not runs.
     """
-    from layerscope.store import directory_rank
+    from layerscope.store import directory_rank, run_folders
 
-    if "://" in path or not os.path.isdir(path):
-        return ""
     try:
-        with os.scandir(path) as entries:
-            names = [
-                entry.name
-                for entry in itertools.islice(entries, _LOOKED_AT)
-                if entry.is_dir(follow_symlinks=False)
-                and directory_rank(entry.name) is None
-                and os.path.isfile(os.path.join(entry.path, "run.json"))
-            ]
-    except OSError:
+        names = sorted(name for name, _ in run_folders(path) if directory_rank(name) is None)
+    except _NOT_A_RUN:
         return ""
     if not names:
         return ""
-    names.sort()
     shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
     return f"{len(names)} run{'s' if len(names) > 1 else ''}: {shown}"
 

@@ -46,9 +46,9 @@ def lowest_rank(run: Run) -> int:
 
 def checked_rank(run: Run, rank: int | None) -> int:
     """``rank``, or the lowest rank where None; a CommandError for a rank the run lacks."""
-    ranks = sorted(int(entry["rank"]) for entry in run.meta.get("ranks", ())) or [0]
     if rank is None:
-        return ranks[0]
+        return lowest_rank(run)
+    ranks = sorted(int(entry["rank"]) for entry in run.meta.get("ranks", ())) or [0]
     if rank not in ranks:
         wrote = ", ".join(map(str, ranks[:16])) + (" ..." if len(ranks) > 16 else "")
         raise CommandError(f"--rank {rank}: the run has no such rank; its ranks: {wrote}")

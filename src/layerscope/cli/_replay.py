@@ -167,9 +167,7 @@ def replay(
     identities = Identities()
     alerts = _alerts(recorded, rank)
     attention = _attention(recorded, rank)
-    for index, (low, high) in enumerate(step_ranges(recorded, rank) if ranges is None else ranges):
-        if index and range_done is not None:
-            range_done()
+    for low, high in step_ranges(recorded, rank) if ranges is None else ranges:
         where = "rank = $rank"
         where += "" if low is None else " and step > $low"
         where += "" if high is None else " and step <= $high"
@@ -194,15 +192,12 @@ def replay(
             for sentinel in (False, True)
         ]
         chunks = [chunk for chunk in chunks if chunk is not None]
-        if not chunks:
-            yield records
-            continue
-        records.stats = chunks[0]
+        records.stats = chunks[0] if chunks else None
         yield records
         for chunk in chunks[1:]:
             yield Records(stats=chunk)
-    if range_done is not None:
-        range_done()
+        if range_done is not None:
+            range_done()
 
 
 def step_ranges(recorded: Run, rank: int) -> list[tuple[int | None, int | None]]:

@@ -63,11 +63,10 @@ def run(args: argparse.Namespace) -> int:
     if scalars:
         output.fields("logged scalars: latest (first)", scalars)
     show_layers(output, opened, args)
-    rank = args.rank
-    headroom = headroom_fields(opened, args.phase, rank)
+    headroom = headroom_fields(opened, args.phase, args.rank)
     if headroom is not None:
         output.fields(*headroom)
-    heads = attention_table(opened, args.phase, rank)
+    heads = attention_table(opened, args.phase, args.rank)
     if heads is not None:
         output.table(heads)
     counts = severity_counts(opened)

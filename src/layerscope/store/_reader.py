@@ -59,6 +59,7 @@ class Run:
             ``"crashed"`` if a rank crashed (a rank still marked running whose process is gone,
             or whose heartbeat stopped), else ``"failed"`` if one failed, ``"running"`` if one
             runs, ``"finished"`` once all finished.
+        rank_folders: how many ranks' own folders (``rank-00001``...) the run held when loaded.
         skipped: the files left out so far, path -> why: damaged, of another table, rank
             or program, a copy of another file; and each table folder whose files hold fewer
             rows than ``run.json`` counts as written. It grows as tables are read.
@@ -127,7 +128,9 @@ class Run:
         it. A rank directory's is left out with a warning, and the rest read.
         """
         metas = {}
-        for rank, place in self._places():
+        places = self._places()
+        self.rank_folders = len(places) - 1  # ranks' own folders, as the run was loaded
+        for rank, place in places:
             path = f"{place}/{RUN_FILE}"
             if self.outside(path):
                 if place == self._root:
@@ -171,11 +174,6 @@ class Run:
             if rank is not None and self._fs.isdir(path):
                 places.append((rank, path.rstrip("/")))
         return sorted(places)
-
-    @property
-    def rank_folders(self) -> int:
-        """How many ranks' own folders the run's folder holds now."""
-        return len(self._places()) - 1
 
     @property
     def modules(self) -> list[ModuleInfo]:

@@ -26,8 +26,7 @@ def combine_metas(metas: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
     Returns:
         The lowest rank's ``run.json`` with ``ranks``, a summary of each rank's (``rank``,
-        ``status``, ``steps``, ``host``, ``pid``, ``updated``, ``alerts``: its
-        ``written_alerts``, None in a run from before that field), and ``status`` the run's.
+        ``status``, ``steps``, ``host``, ``pid``, ``updated``), and ``status`` the run's.
     """
     meta = dict(metas[min(metas)])
     ranks: list[dict[str, Any]] = []
@@ -40,7 +39,6 @@ def combine_metas(metas: dict[int, dict[str, Any]]) -> dict[str, Any]:
                 "host": rank_meta.get("host"),
                 "pid": rank_meta.get("pid"),
                 "updated": rank_meta.get("updated"),
-                "alerts": rank_meta.get("written_alerts"),
             }
         )
     meta["status"] = _combined([entry["status"] for entry in ranks])
