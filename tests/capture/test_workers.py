@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections.abc import Callable
 from multiprocessing import resource_tracker
 from pathlib import Path
@@ -83,6 +84,31 @@ def hang_ignoring_sigterm(record: Record, directory: Path | None, *, out: Path) 
 
 
 # Helpers.
+
+
+class TerminatedInAWeakrefCallback:
+    """Sends its worker SIGTERM from inside a weakref callback, where Python only prints what
+    the signal's handler raises; notes its close() in ``out``."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def __call__(self, record: Record, directory: Path | None) -> None:
+        def collected(_: object) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100_000):  # the handler runs here, inside the callback
+                pass
+
+        class Dropped:
+            pass
+
+        dropped = Dropped()
+        reference = weakref.ref(dropped, collected)
+        del dropped
+        (self.out / "called").write_text(str(reference() is None))
+
+    def close(self) -> None:
+        (self.out / "closed").write_text("closed")
 
 
 def _record(step: int, value: torch.Tensor, kind: str = "activation") -> Record:
@@ -299,6 +325,21 @@ def test_close_terminates_then_kills_a_worker_that_does_not_finish(tmp_path):
     assert (pool.processed, pool.abandoned) == (0, 3)
     assert not _alive(pid)
     assert not _monitor_threads()
+
+
+@FORK
+@pytest.mark.filterwarnings("ignore:layerscope. .*on_tensor")
+def test_a_sigterm_whose_exception_is_swallowed_still_ends_the_worker_through_close(tmp_path):
+    pool = TensorWorkers(TerminatedInAWeakrefCallback(tmp_path), 1, None, start_method="fork")
+    (pid,) = pool.pids()
+    try:
+        pool.submit(_record(0, torch.ones(2)))
+        assert _wait_for(lambda: (tmp_path / "called").exists())
+        # It ends by itself, through the callback's close(), though nothing raised in its loop.
+        assert _wait_for(lambda: not _alive(pid), timeout=30)
+        assert (tmp_path / "closed").read_text() == "closed"
+    finally:
+        pool.close(timeout=1)
 
 
 @pytest.mark.parametrize(

@@ -88,7 +88,7 @@ def worker_main(connection: Connection, fn_bytes: bytes, directory: Path | None)
     signal.signal(signal.SIGTERM, _terminated)
     try:
         connection.send(("ready",))
-        while True:
+        while not _terminate_asked:
             if not connection.poll(_PARENT_CHECK_S):
                 if os.getppid() != parent_pid:
                     return  # orphaned: the parent died
@@ -117,7 +117,14 @@ class _Terminated(BaseException):
     """SIGTERM reached the worker."""
 
 
+# Set by SIGTERM's handler. The exception it raises is swallowed where it lands in a weakref
+# callback or a __del__ (Python only prints it): the loop ends on the flag then.
+_terminate_asked = False
+
+
 def _terminated(signum: int, frame: object) -> None:
+    global _terminate_asked
+    _terminate_asked = True
     raise _Terminated
 
 
