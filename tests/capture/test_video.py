@@ -207,8 +207,7 @@ def test_a_worker_terminated_at_close_still_finishes_its_video(tmp_path, monkeyp
     # on a loaded machine drawing the frame it holds can take longer than the default second.
     for module in (_worker_handle, _workers):
         monkeypatch.setattr(module, "TERMINATE_GRACE_S", 10.0, raising=False)
-    # Spawned, as by default: a forked worker inherits whatever locks the test process's
-    # other threads (left by earlier tests) held, and may wait on them forever.
+    # Spawned, as by default.
     pool = TensorWorkers(Video(Histogram(), "gif"), 1, tmp_path, queue_size=50)
     for step in range(40):
         pool.submit(_record(torch.randn(64), step))
