@@ -3,6 +3,7 @@ that start at zero keep the warm-up."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from pathologies import mlp, train
 from torch import nn
@@ -23,3 +24,33 @@ def test_a_rate_far_too_high_is_found_at_the_first_step_but_not_on_a_layer_from_
     assert set(zip(found.module, found.tensor, strict=True)) == {("4", "weight")}
     assert (found.value > 0.8).all()
     assert "steps too large" in found.message.iloc[0]
+
+
+def _bound_alerts(model, optimizer, steps=3, every=10):
+    alerts = dict.fromkeys(("dead", "vanishing_grad", "exploding_grad", "activation_drift"), False)
+    scope = train(model, steps, optimizer=optimizer, every=every, alerts=alerts)
+    found = scope.frame("alerts")
+    return found[found.rule == "update_ratio"]
+
+
+def test_without_update_rows_an_adaptive_rate_over_the_weights_size_is_found_at_once():
+    model = mlp([8, 16, 16, 1])
+    with torch.no_grad():
+        rms = [float(layer.weight.double().pow(2).mean().sqrt()) for layer in model[::2]]
+        nn.init.zeros_(model[2].weight)  # starts at zero: its first steps are its whole size
+    found = _bound_alerts(model, torch.optim.AdamW(model.parameters(), lr=0.5))
+    assert set(zip(found.module, found.tensor, found.step, strict=True)) == {
+        ("0", "weight", 0),
+        ("4", "weight", 0),
+    }  # one alert each, at the first recorded step, though 0 and 10 are recorded
+    first = found[found.module == "0"].iloc[0]
+    assert first.value == pytest.approx(0.5 / rms[0], rel=1e-5)  # the rate over the RMS before
+    assert "AdamW at lr=0.5" in first.message and "try lr near" in first.message
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "lr"), [(torch.optim.Adam, 3e-3), (torch.optim.SGD, 0.5), (torch.optim.Adam, 0.0)]
+)
+def test_a_usual_rate_a_plain_sgd_and_a_zero_rate_are_no_finding(optimizer, lr):
+    model = mlp([8, 16, 16, 1])
+    assert _bound_alerts(model, optimizer(model.parameters(), lr=lr)).empty

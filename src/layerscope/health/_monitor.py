@@ -25,6 +25,7 @@ from layerscope.health._loss_spike import LossSpike
 from layerscope.health._nonfinite import NonFinite
 from layerscope.health._not_learning import NotLearning
 from layerscope.health._order import ModuleOrder
+from layerscope.health._rate_bound import RateNote
 from layerscope.health._readings import read_flush
 from layerscope.health._roots import Roots
 from layerscope.health._scaler_skips import ScalerSkips
@@ -126,6 +127,11 @@ class HealthMonitor:
         """Which parameters cannot learn at recorded ``step``, and why (the training thread's)."""
         if self._update_ratio is not None:
             self._update_ratio.note_stalled(step, stalled)
+
+    def note_rates(self, step: int, note: RateNote) -> None:
+        """How far an adaptive optimizer's step may move each parameter at recorded ``step``."""
+        if self._update_ratio is not None:
+            self._update_ratio.note_rates(step, note)
 
     def learn_calls(self, calls: Sequence[CallEvent]) -> None:
         """Take the call order of a recorded step: the forward order of modules."""

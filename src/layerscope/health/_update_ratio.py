@@ -3,7 +3,8 @@
 ||update|| / ||weight|| near 1e-3 is the rule of thumb for a healthy learning rate. Far below
 (``low``), the parameter barely learns; exactly zero, it never changes: it is missing from the
 optimizer's parameter groups, or frozen by a zero learning rate. Far above (``high``), the
-step is too large. With ``capture`` including ``"update"`` the ratio is measured; without, a
+step is too large. With ``capture`` including ``"update"`` the ratio is measured; without, an
+adaptive optimizer's rate bounds it (``_rate_bound``), a
 parameter left out of the optimizer given to ``watch`` has a ratio of exactly zero, and with
 no optimizer given, one whose statistics are bit for bit the same at two recorded steps while
 a clearly visible gradient flowed and other parameters changed.
@@ -29,6 +30,7 @@ from layerscope.health._alert import Alert, Found
 from layerscope.health._codes import FIRST_CALL, KIND, PAIR, UPDATE, WEIGHT, WEIGHT_GRAD, Codes
 from layerscope.health._episodes import Episodes
 from layerscope.health._keyed import followed, latest
+from layerscope.health._rate_bound import RateBounds, RateNote, rate_findings
 from layerscope.health._readings import Flush, Reading
 from layerscope.health._small_ops import counts_by, pieces, put, put_at, take
 from layerscope.health._stalled import StalledParameters, stall_message
@@ -125,10 +127,15 @@ class UpdateRatio:
         self._left = torch.zeros(0, dtype=torch.bool)  # by (module, tensor) id: left out
         # Why parameters cannot learn, as the training thread noted it on recorded steps.
         self.stalled = StalledParameters()
+        self.bounds = RateBounds(self._matrices, codes.pairs.values)
 
     def note_stalled(self, step: int, stalled: dict[tuple[str, str], str]) -> None:
         """Take the training thread's note of which parameters cannot learn at ``step``."""
         self.stalled.note(step, stalled)
+
+    def note_rates(self, step: int, note: RateNote) -> None:
+        """Take the training thread's note of an adaptive optimizer's rates at ``step``."""
+        self.bounds.note(step, note)
 
     def observe(self, flush: Flush) -> list[Found]:
         """Alerts of a flush's rows: each step's weights joined with their gradients, updates."""
@@ -170,6 +177,12 @@ class UpdateRatio:
         )
         step = take(flush.step, weights)
         found, noted = self._stalls(flush, view, weights, keys, update, negligible)
+        bounds = rate_findings(self.bounds, flush, weights, keys, view, update >= 0)
+        for number, row, key, bound in bounds:
+            if any(self._episodes.observe(key, True) for _ in range(self._patience)):
+                weight = flush.reading(row)
+                alert = bound.alert(weight, self._codes.order.type_of(weight.module), self.name)
+                found.append((number, (row,), alert))
         judge = (
             ~take(skipped, view)
             & ~noted

@@ -31,6 +31,7 @@ from layerscope.hooks._cost import CostMeter
 from layerscope.hooks._grad_moment import after_backward_callbacks, closure_then
 from layerscope.hooks._handles import HookHandles, weak_hook
 from layerscope.hooks._optimizers import owned_by, step_held_back
+from layerscope.hooks._rate_bounds import RateBounds, joined, rate_bounds
 from layerscope.hooks._stalled import stalled_parameters
 from layerscope.hooks._steps import StepClock
 from layerscope.hooks._updates import UpdateSnapshot
@@ -64,6 +65,8 @@ class ParameterReads:
         end_step: ends the training step (the first optimizer's step calls it).
         note_stalled: takes, on each recorded step that an optimizer ended, the reason each
             watched parameter cannot learn (``hooks._stalled``), for the health rules.
+        note_rates: takes, on the same steps, how far an adaptive optimizer's step may move
+            each parameter it steps (``hooks._rate_bounds``), for the health rules.
     """
 
     def __init__(
@@ -78,10 +81,12 @@ class ParameterReads:
         fail: Callable[[str, BaseException], None],
         end_step: Callable[[], None],
         note_stalled: Callable[[int, dict[tuple[str, str], str]], None] | None = None,
+        note_rates: Callable[[int, RateBounds], None] | None = None,
     ) -> None:
         self._root = root
         self._targets = list(targets)
         self._note_stalled = note_stalled
+        self._note_rates = note_rates
         self._optimizers = list(optimizers)
         self._kinds = kinds
         self._clock = clock
@@ -93,6 +98,7 @@ class ParameterReads:
         self._buffers = _owned(targets, lambda m: m.named_buffers(recurse=False))
         self._probe = _probe(root, self._optimizers)
         self._snapshots = [UpdateSnapshot() for _ in self._optimizers]
+        self._bounds: list[RateBounds] = []  # of the recorded step in progress
         # zero_grad() missing: the scalar grad_carried of a step (health's accumulating_grad).
         self._carried = CarriedGradients(targets, self._optimizers, clock, recorder, meter, fail)
         self._positions: list[list[int]] = [[] for _ in self._optimizers]
@@ -138,6 +144,8 @@ class ParameterReads:
         self._carried.remove()
         self._targets = []
         self._note_stalled = None
+        self._note_rates = None
+        self._bounds = []
         self._params = []
         self._buffers = []
         self._probe = None
@@ -188,6 +196,9 @@ class ParameterReads:
                 self._note_stalled(self._clock.step, stalled)
             except Exception as error:
                 self._fail("reading which parameters can learn", error)
+        bounds, self._bounds = joined(self._bounds), []
+        if bounds is not None and self._note_rates is not None and not skipped:
+            self._note_rates(self._clock.step, bounds)
         self.read(Kind.WEIGHT)
         self.read(Kind.BUFFER)
 
@@ -301,6 +312,14 @@ class ParameterReads:
     # ---------------------------------------------------------------- updates
 
     def _snapshot(self, index: int) -> None:
+        if self._note_rates is not None:
+            try:
+                params = [self._params[i] for i in self._positions[index]]
+                bounds = rate_bounds(self._optimizers[index], params)
+                if bounds is not None:
+                    self._bounds.append(bounds)
+            except Exception as error:
+                self._fail("reading the optimizer's rates", error)
         if Kind.UPDATE in self._kinds:
             snapshot = self._snapshots[index]
             try:  # DTensors as their local shards: an op on a whole one may be a collective

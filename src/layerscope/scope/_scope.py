@@ -171,6 +171,7 @@ class Scope(RecordedReads):
             self._fail,
             end_step=self._finish_step,
             note_stalled=None if health is None else health.note_stalled,
+            note_rates=None if health is None else health.note_rates,
         )
         self._noise = NoiseScale(self._root, targets, config.noise_scale, self._clock,
                                  self._recorder, self._meter, self._fail)  # fmt: skip
