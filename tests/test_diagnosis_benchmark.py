@@ -92,6 +92,35 @@ def test_accepted_families_and_cases_of_no_layer():
     assert judge(data, [_said(47, "loss_collapse", "")], DEFAULT).verdict == "late"
 
 
+def test_a_layer_no_recorded_step_shows_must_go_unnamed():
+    # The NaN of step 37 poisons every weight: only a record of step 37 shows its layer.
+    nan = {"family": "nonfinite", "layers": ("log_probs",), "planted": 37, "visible": 37,
+           "scalar_visible": 38, "origin_until": 37}  # fmt: skip
+    unnamed, innocent = _said(38, "nonfinite", ""), _said(40, "nonfinite", "fc1")
+    assert judge(_case(**nan), [unnamed], EVERY_10).verdict == "right"
+    assert judge(_case(**nan), [innocent], EVERY_10).verdict == "wrong layer"
+    every_step = list(range(120))  # step 37 recorded: the layer is there to name
+    assert judge(_case(**nan), [unnamed], every_step).verdict == "wrong layer"
+    assert judge(_case(**nan), [_said(37, "nonfinite", "log_probs")], every_step).verdict == (
+        "right"
+    )
+
+
+def test_said_from_the_scalars_first_the_layer_comes_with_the_first_recorded_steps():
+    skips = _case(family="scaler_skips", layers=("norm",), planted=30, visible=30,
+                  scalar_visible=32)  # fmt: skip
+    unnamed = _said(32, "scaler_skips", "")
+    named = [unnamed, _said(100, "scaler_skips", "norm")]
+    assert judge(skips, named, DEFAULT).verdict == "right"
+    assert judge(skips, [unnamed], DEFAULT).verdict == "wrong layer"  # never named
+    assert judge(skips, [unnamed, _said(100, "scaler_skips", "fc1")], DEFAULT).verdict == (
+        "wrong layer"
+    )
+    # Under every=10 step 30 shows the layer before the scalars do: unnamed is wrong there.
+    assert judge(skips, [_said(40, "scaler_skips", ""), _said(40, "scaler_skips", "norm")],
+                 EVERY_10).verdict == "wrong layer"  # fmt: skip
+
+
 def test_false_alarms_are_warnings_and_errors():
     said = [_said(3, severity="info"), _said(5), _said(7, "nonfinite", severity="error")]
     assert alarms(said) == said[1:]

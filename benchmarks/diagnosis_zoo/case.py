@@ -48,6 +48,10 @@ class Case:
             tell this problem.
         build: the training, buggy (True) or healthy (False).
         steps: how many steps it trains.
+        origin_until: the last step whose statistics still show the bug at ``layers`` (a NaN
+            whose update poisons every weight: later steps show it everywhere); None while
+            the bug lasts. Where no recorded step falls from ``visible`` to it, no layer
+            can be named from what was recorded, and an alert must name none.
         attention: whether the watch records attention entropy (``attention=True``).
         small: whether ``--small`` runs it.
         note: why that layer and step, where it is not plain.
@@ -64,6 +68,7 @@ class Case:
     scalar_visible: int | None = None
     build: Callable[[bool], Loop] = field(repr=False, compare=False)
     steps: int = 120
+    origin_until: int | None = None
     attention: bool = False
     small: bool = False
     note: str = ""

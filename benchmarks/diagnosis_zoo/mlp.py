@@ -220,7 +220,9 @@ CASES = [
     Case(name="mlp-nan-between-steps", model=_MLP, family="nonfinite", layers=("log_probs",),
          bug="one corrupted record at step 37 meets log(softmax(x)) computed in two steps",
          planted=37, visible=37, scalar_visible=38, build=_nan_between_steps, small=True,
-         note="log_probs' output holds -inf at step 37, the loss is NaN from step 38"),
+         origin_until=37,
+         note="log_probs' output holds -inf at step 37, the loss is NaN from step 38; step 37's "
+         "update makes every weight NaN, so only a record of step 37 shows the layer"),
     Case(name="mlp-clipped-explosion", model=_MLP, family="exploding_grad", layers=("head",),
          bug="from step 40 backward runs on the loss times 1,000; clipping hides it",
          planted=40, visible=40, build=_clipped_explosion,

@@ -82,8 +82,9 @@ _RNN = "GRU / LSTM"
 CASES = [
     Case(name="gru-norm-eps-zero", model=_RNN, family="nonfinite", layers=("norm",),
          bug="a hand-written LayerNorm with eps=0 meets padding (zero embeddings) from step 40",
-         planted=40, visible=40, scalar_visible=41, build=_norm_eps_zero,
-         note="norm's output is NaN at the padded positions of step 40; the loss from step 41"),
+         planted=40, visible=40, scalar_visible=41, build=_norm_eps_zero, origin_until=40,
+         note="norm's output is NaN at the padded positions of step 40; the loss from step 41, "
+         "when step 40's update has made every weight NaN"),
     Case(name="gru-lr-zero-group", model=_RNN, family="update_ratio", layers=("head",),
          bug="at step 40 the head's parameter group goes to learning rate 0",
          planted=40, visible=40, build=_lr_zero_group),
