@@ -8,6 +8,8 @@ import torch
 from pathologies import mlp, train
 from torch import nn
 
+import layerscope
+
 
 def test_a_rate_far_too_high_is_found_at_the_first_step_but_not_on_a_layer_from_zero():
     model = mlp([8, 16, 16, 1])
@@ -45,7 +47,8 @@ def test_without_update_rows_an_adaptive_rate_over_the_weights_size_is_found_at_
     }  # one alert each, at the first recorded step, though 0 and 10 are recorded
     first = found[found.module == "0"].iloc[0]
     assert first.value == pytest.approx(0.5 / rms[0], rel=1e-5)  # the rate over the RMS before
-    assert "AdamW at lr=0.5" in first.message and "try lr near" in first.message
+    assert "AdamW at lr=0.5" in first.message
+    assert "try lr near" in first.message
 
 
 @pytest.mark.parametrize(
@@ -54,3 +57,69 @@ def test_without_update_rows_an_adaptive_rate_over_the_weights_size_is_found_at_
 def test_a_usual_rate_a_plain_sgd_and_a_zero_rate_are_no_finding(optimizer, lr):
     model = mlp([8, 16, 16, 1])
     assert _bound_alerts(model, optimizer(model.parameters(), lr=lr)).empty
+
+
+def test_a_rate_that_rose_between_recorded_steps_is_judged_against_the_weight_before():
+    # At step 12 a schedule lifts the rate 1,000 times; by the next recorded step (20) eight
+    # large steps have grown the weights past it: against the RMS of step 10 it is flagged.
+    model = mlp([8, 16, 16, 1])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    alerts = dict.fromkeys(("dead", "vanishing_grad", "exploding_grad", "activation_drift"), False)
+    generator = torch.Generator().manual_seed(0)
+    rms_at_10 = {}
+    with layerscope.watch(model, optimizer=optimizer, every=10, alerts=alerts) as scope:
+        for step in range(21):
+            if step == 10:
+                rms_at_10 = {f"{i}": float(model[i].weight.double().pow(2).mean().sqrt())
+                             for i in (0, 2, 4)}  # fmt: skip
+            if step == 12:
+                optimizer.param_groups[0]["lr"] = 1.0
+            if step == 20:
+                grown = {f"{i}": float(model[i].weight.double().pow(2).mean().sqrt())
+                         for i in (0, 2, 4)}  # fmt: skip
+            x = torch.randn(32, 8, generator=generator)
+            (model(x) - x[:, :1]).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scope.step()
+    assert all(rms > 1.0 for rms in grown.values())  # no longer below the rate itself
+    found = scope.frame("alerts")
+    found = found[found.rule == "update_ratio"]
+    assert sorted(found.module) == ["0", "2", "4"]
+    assert set(found.step) == {20}
+    first = found[found.module == "0"].iloc[0]
+    assert first.value == pytest.approx(1.0 / rms_at_10["0"], rel=1e-5)
+    assert "its RMS at step 10" in first.message
+    assert "when the rate was 0.001" in first.message
+
+
+@pytest.mark.filterwarnings("error::layerscope.LayerscopeWarning")  # no reading may fail
+def test_float64_and_float16_weights_are_bounded_in_their_own_precision():
+    model = mlp([8, 16, 16, 1])
+    model[0].double()
+    model[2].half()
+    with torch.no_grad():
+        rms = [float(layer.weight.double().pow(2).mean().sqrt()) for layer in model[::2]]
+
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = model
+
+        def forward(self, x):
+            x = self.body[1](self.body[0](x.double())).half()
+            return self.body[4](self.body[3](self.body[2](x)).float())
+
+    mixed = Mixed()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.5, eps=1e-3)  # eps float16 holds
+    with layerscope.watch(mixed, optimizer=optimizer, every=10, alerts={"dead": False}) as scope:
+        for _ in range(2):
+            mixed(torch.randn(4, 8)).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scope.step()
+    found = scope.frame("alerts")
+    found = found[(found.rule == "update_ratio") & found.message.str.contains("lr=0.5")]
+    values = dict(zip(found.module, found.value, strict=True))
+    expected = {f"body.{i}": 0.5 / size for i, size in zip((0, 2, 4), rms, strict=True)}
+    assert values == pytest.approx(expected, rel=1e-3)

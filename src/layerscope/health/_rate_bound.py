@@ -5,7 +5,9 @@ the rate at their first step), so ``lr / rms(weight)`` before the step bounds th
 ratio without ``update`` being recorded. A weight matrix whose RMS is below the rate can be
 overwritten by a single step: the rate is far too high. It is seen at the first recorded step,
 before the large steps have grown the weights; later the measured ratio falls back, as the
-weights become the sum of the updates. Matrices that start near zero (under a tenth of the
+weights become the sum of the updates. So where the rate rose since the last recorded step
+(a schedule that jumps), the weight is judged at its size then, when it was smaller: the
+steps at the new rate grew it. Matrices that start near zero (under a tenth of the
 median matrix's RMS at that step: LoRA's B, a projection initialised to zero) are left out:
 their first steps are as large as they are, by design.
 """
@@ -47,20 +49,37 @@ class RateNote(Protocol):
 
 
 class Bound(NamedTuple):
-    """How far one step of ``optimizer`` at ``rate`` may move a weight of RMS ``rms``."""
+    """How far one step of ``optimizer`` at ``rate`` may move a weight of RMS ``rms``.
+
+    ``before``: the step, rate and RMS of the last recorded step, where the rate rose since:
+    the weight is judged at the smaller of its two sizes, since steps at the new rate grow it.
+    """
 
     optimizer: str
     rate: float
     rms: float
+    before: tuple[int, float, float] | None = None
+
+    @property
+    def size(self) -> float:
+        """The RMS the rate is judged against."""
+        return self.rms if self.before is None else min(self.rms, self.before[2])
 
     @property
     def ratio(self) -> float:
         """The rate against the weight's RMS: the largest update ratio the step allows."""
-        return self.rate / self.rms
+        return self.rate / self.size
 
     def alert(self, weight: Reading, module_type: str, rule: str) -> Alert:
         """The alert of ``weight``'s row (of a ``module_type``): what was seen, what to try."""
         name = weight.module or "the model"
+        size = f"its RMS ({self.rms:.3g}) before the step"
+        if self.before is not None and self.before[2] < self.rms:
+            step, rate, rms = self.before
+            size = (
+                f"its RMS at step {step} ({rms:.3g}), when the rate was {rate:g} ({self.rms:.3g} "
+                f"now, grown since)"
+            )
         return Alert.on(
             weight,
             rule=rule,
@@ -69,9 +88,9 @@ class Bound(NamedTuple):
             threshold=LIMIT,
             message=f"update ratio of {name} ({module_type}) {weight.tensor} at step "
             f"{weight.step}: {self.optimizer} at lr={self.rate:g} moves each of its elements by "
-            f"up to {self.rate:g} a step, {self.ratio:.3g} times its RMS ({self.rms:.3g}) before "
-            f"the step: one step can overwrite it, a rate far too high. Updates near 1e-3 of "
-            f"the weight are the rule of thumb: try lr near {self.rms * 1e-2:.1g}, or a warm-up",
+            f"up to {self.rate:g} a step, {self.ratio:.3g} times {size}: one step can "
+            f"overwrite it, a rate far too high. Updates near 1e-3 of the weight are the rule "
+            f"of thumb: try lr near {self.size * 1e-2:.1g}, or a warm-up",
         )
 
 
@@ -83,6 +102,7 @@ class RateBounds:
         self.pairs = pairs  # the (module, tensor) of each id the rows hold
         self._lock = threading.Lock()
         self._pending: dict[int, RateNote] = {}
+        self._last: dict[Pair, tuple[int, float, float]] = {}  # (step, rate, RMS) last noted
 
     def note(self, step: int, note: RateNote) -> None:
         """Take the note of recorded ``step`` (any thread)."""
@@ -97,13 +117,16 @@ class RateBounds:
                 del self._pending[older]  # a step with no rows: nothing will ask
         if note is None:
             return {}
-        bounds = {
-            pair: Bound(optimizer, rate, float(norm) / math.sqrt(max(size, 1)))
-            for pair, optimizer, rate, norm, size in zip(
-                note.pairs, note.optimizer, note.rates, note.norms, note.sizes, strict=True
-            )
-            if pair in self._matrices
-        }
+        bounds = {}
+        for pair, optimizer, rate, norm, size in zip(
+            note.pairs, note.optimizer, note.rates, note.norms, note.sizes, strict=True
+        ):
+            if pair in self._matrices:
+                rms = float(norm) / math.sqrt(max(size, 1))
+                last = self._last.get(pair)
+                rose = last is not None and rate > last[1]
+                bounds[pair] = Bound(optimizer, rate, rms, last if rose else None)
+                self._last[pair] = (step, rate, rms)
         sizes = [bound.rms for bound in bounds.values() if bound.rms > 0]
         if not sizes:
             return {}

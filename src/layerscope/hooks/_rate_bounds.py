@@ -63,12 +63,23 @@ def rate_bounds(
         if isinstance(lr, int | float) and not isinstance(lr, bool) and lr > 0:
             for param in group["params"]:
                 rates[id(param)] = float(lr)
-    chosen = [(param, owners[0]) for param, owners in params if id(param) in rates]
+    chosen = [
+        (param, owners[0])
+        for param, owners in params
+        if id(param) in rates and param.is_floating_point()
+    ]
     if not chosen:
         return None
+    # Float64 keeps its own; narrower floats sum their squares in float32, where they fit.
+    chosen.sort(key=lambda entry: entry[0].dtype == torch.float64)
     with torch.no_grad():  # one launch per list on a GPU; a shard's RMS is the whole's
         local = [local_tensor(param).detach() for param, _ in chosen]
-        norms = torch._foreach_norm(local, 2, dtype=torch.float32)
+        wide = sum(tensor.dtype == torch.float64 for tensor in local)
+        narrow = len(local) - wide
+        norms = [
+            *(torch._foreach_norm(local[:narrow], 2, dtype=torch.float32) if narrow else ()),
+            *(torch._foreach_norm(local[narrow:], 2) if wide else ()),
+        ]
     return RateBounds(
         pairs=tuple((owner.module, owner.tensor) for _, owner in chosen),
         optimizer=(type(optimizer).__name__,) * len(chosen),
