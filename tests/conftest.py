@@ -15,7 +15,31 @@ def _seed_and_threads():
     return
 
 
+# The files that take longest, first: ``pytest -n 2 --dist loadfile`` hands files out in the
+# order collected, and one of these started last would run alone while the other worker idles.
+_LONGEST_FIRST = (
+    "tests/test_examples.py",
+    "tests/test_wheel.py",
+    "tests/test_gpu_launches.py",
+    "tests/stats/test_native_build.py",
+    "tests/test_docs.py",
+    "tests/stats/test_triton_compiled.py",
+    "tests/store/test_store_memory.py",
+    "tests/ui/test_ui_pictures_browser.py",
+    "tests/test_benchmarks.py",
+    "tests/capture/test_video.py",
+    "tests/ui/test_ui_browser.py",
+    "tests/integration/test_integration_examples.py",
+)
+
+
+def _rank(item: pytest.Item) -> int:
+    path = item.nodeid.split("::")[0]
+    return _LONGEST_FIRST.index(path) if path in _LONGEST_FIRST else len(_LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_rank)  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
