@@ -157,7 +157,12 @@ def write_docs(text: str) -> None:
         "watched with the default schedule and with `every=10`; BENCHMARKS.md says how they "
         "are scored and on what machine. *Said* is the first alert of the expected rule "
         "family (else the first alert); *right*, that family, the case's layer, at most one "
-        "recorded step late.\n\n" + text.strip() + "\n"
+        "recorded step late. The layer is judged by what was recorded: an alert made from the "
+        "loss or GradScaler's skips before any recorded step shows the layer names none, and "
+        "is right where a later alert of the family names the layer by the second recorded "
+        "step that shows it; where no recorded step shows the layer at all (a NaN whose "
+        "update poisons every weight before the next recorded step), the right alert names "
+        "none.\n\n" + text.strip() + "\n"
     )
     pattern = rf"## {re.escape(DOCS_TITLE)}\n.*?(?=\n## |\nGuides: |\Z)"
     if re.search(pattern, page, flags=re.S):
@@ -182,8 +187,13 @@ def write(text: str, seconds: float, threads: int) -> None:
         "of the expected family, else the first alert; *right*: that family, the case's "
         "layer, and at most one recorded step after the first step at which what was "
         "recorded shows the bug (*seen*: its statistics, recorded at the schedule's steps, "
-        "or the loss, logged every step). False alarms: warnings or errors on the twins. The "
-        "cases, their stories and why each layer and step: `benchmarks/diagnosis_zoo/`.\n\n" + text,
+        "or the loss, logged every step). Where the logged scalars show the bug before any "
+        "recorded step shows its layer, an alert that names no layer is right if a later one "
+        "of the family names the layer by the second recorded step that shows it; where no "
+        "recorded step shows the layer (`origin_until`: a NaN whose update poisons every "
+        "weight first), only an alert that names no layer is. False alarms: warnings or "
+        "errors on the twins. The cases, their stories and why each layer and step: "
+        "`benchmarks/diagnosis_zoo/`.\n\n" + text,
     )
 
 
