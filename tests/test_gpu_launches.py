@@ -5,11 +5,11 @@ that counts it. A watched training step and an unwatched copy's step run the sam
 so the difference is layerscope's own: two Triton launches per activation and gradient, two
 per dtype group of each parameter kind, the update's three foreach ops, one foreach norm of
 the parameters an adaptive optimizer steps (the health rules' bound of its step), one
-concatenation per flush, and nothing that reads a value back. A group whose tensors moved since its last read
-(gradients that ``zero_grad()`` freed) sends its table of offsets anew: built on the host
-(``lift_fresh`` here), a non-blocking copy from pinned memory on a GPU. In every configuration
-(every kind, histogram and instrument; either sentinel), the training thread reads no value
-back beyond what the unwatched training reads itself.
+concatenation per flush, and nothing that reads a value back. A group whose tensors moved
+since its last read (gradients that ``zero_grad()`` freed) sends its table of offsets anew:
+built on the host (``lift_fresh`` here), a non-blocking copy from pinned memory on a GPU. In
+every configuration (every kind, histogram and instrument; either sentinel), the training
+thread reads no value back beyond what the unwatched training reads itself.
 """
 
 from __future__ import annotations
