@@ -12,13 +12,13 @@ pytest.importorskip("pyarrow")
 
 
 @pytest.mark.slow
-def test_memory_stays_flat_over_100_000_steps(tmp_path):
+def test_memory_stays_flat_over_60_000_steps(tmp_path):
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(4, 8)
     # A loop this tight outruns any writer; the queue is made long enough that nothing is
     # dropped, since what is measured here is memory, not the drop policy.
-    store = ParquetStore(tmp_path / "r", flush_steps=50, flush_seconds=60, queue_size=100_000)
+    store = ParquetStore(tmp_path / "r", flush_steps=50, flush_seconds=60, queue_size=60_000)
     scope = layerscope.watch(model, optimizer=optimizer, every=100, run=store)
 
     def train(steps):
@@ -34,14 +34,15 @@ def test_memory_stays_flat_over_100_000_steps(tmp_path):
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    train(80_000)
+    train(40_000)
     scope._pipeline.drain()
     gc.collect()
     growth = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     scope.close()
-    assert growth < 256 * 1024, f"grew by {growth} bytes over 80,000 steps"
+    # 3.2 bytes a step: one call-order event (72 bytes) is kept per recorded step, by design.
+    assert growth < 128 * 1024, f"grew by {growth} bytes over 40,000 steps"
     run = layerscope.load(tmp_path / "r")
-    assert run.meta["steps"] == 100_000
-    assert len(run.scalars) == 100_000
-    assert sorted(set(run.stats.step)) == list(range(0, 100_000, 100))
+    assert run.meta["steps"] == 60_000
+    assert len(run.scalars) == 60_000
+    assert sorted(set(run.stats.step)) == list(range(0, 60_000, 100))
