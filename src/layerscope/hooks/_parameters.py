@@ -207,6 +207,7 @@ class ParameterReads:
         if not self._clock.step_records:
             for snapshot in self._snapshots:
                 snapshot.release()  # kept only from one recorded step to the next
+        self._bounds = []  # noted at the step's end, or of no step now
         self._backward_in_step = False
         self.optimizer_stepping = False
         self._stepped = False
