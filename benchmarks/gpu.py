@@ -336,7 +336,7 @@ CONFIGS: dict[str, Callable[[nn.Module, Any], Session] | None] = {
     SENTINEL: _layerscope(every=layerscope.Schedule(every=10**9, sentinel="gradients")),
     LAYER_SENTINEL: _layerscope(every=layerscope.Schedule(every=10**9, sentinel=True)),
     FULL: _layerscope(every=1),
-    EVERY_KIND: _layerscope(every=1, capture=[kind.value for kind in layerscope.Kind]),
+    EVERY_KIND: _layerscope(every=1, kinds=[kind.value for kind in layerscope.Kind]),
     DEFAULTS: _layerscope(every=None),
     TEXTBOOK: _peer(Textbook),
     TENSORBOARD: _peer(TensorBoardHistograms),

@@ -185,7 +185,7 @@ def run(name: str, steps: int) -> dict[str, object]:
     watched = None if inspect else optimizer
     attention = name in ATTENTION
     with layerscope.watch(
-        model, optimizer=watched, every=1, capture=kinds, attention=attention
+        model, optimizer=watched, every=1, kinds=kinds, attention=attention
     ) as scope:
         for step in range(steps):
             if validate is not None and step % VALIDATE_EVERY == 0:

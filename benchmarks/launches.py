@@ -88,7 +88,7 @@ def count(every: int | layerscope.Schedule, steps_before: int) -> dict[str, Any]
     optimizer = torch.optim.AdamW(model.parameters())
     with (
         _triton.on_cpu(),
-        layerscope.watch(model, optimizer=optimizer, every=every, capture=KINDS) as scope,
+        layerscope.watch(model, optimizer=optimizer, every=every, kinds=KINDS) as scope,
     ):
         for _ in range(steps_before):
             step(model, optimizer, ids)

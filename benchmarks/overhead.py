@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import layerscope
 import report
 from layerscope._schedule import DEFAULT_SCHEDULE
-from layerscope.model import DEFAULT_CAPTURE
+from layerscope.model import DEFAULT_KINDS
 from peers import PEERS, quiet
 from report import replace_section
 from workloads import WORKLOADS, Workload  # run as a script
@@ -100,7 +100,7 @@ GRADIENT_SENTINEL = "layerscope: gradients' sentinel alone (an unrecorded step)"
 FULL = "layerscope: full, every step"
 IDLE_UPDATE = "layerscope: hooks idle, capturing update too (an unrecorded step, no sentinel)"
 FULL_UPDATE = "layerscope: full with update, every step"
-WITH_UPDATE = [*(kind.value for kind in DEFAULT_CAPTURE), "update"]
+WITH_UPDATE = [*(kind.value for kind in DEFAULT_KINDS), "update"]
 SECOND_COPY = "unwatched, a second copy against the first (the noise floor: ideally 1.00x)"
 CONFIGS: dict[str, Callable[[torch.nn.Module, Any], Session] | None] = {
     "unwatched": None,
@@ -114,22 +114,22 @@ CONFIGS: dict[str, Callable[[torch.nn.Module, Any], Session] | None] = {
     # The default kinds and the optimizer's update: on a recorded step, one copy of the
     # parameters before the step, and after minus before in place in it.
     IDLE_UPDATE: _layerscope(
-        every=layerscope.Schedule(every=10**9, sentinel=False), capture=WITH_UPDATE
+        every=layerscope.Schedule(every=10**9, sentinel=False), kinds=WITH_UPDATE
     ),
-    FULL_UPDATE: _layerscope(every=1, capture=WITH_UPDATE),
+    FULL_UPDATE: _layerscope(every=1, kinds=WITH_UPDATE),
     "layerscope: full, every kind (adds input, update, buffer), every step": _layerscope(
-        every=1, capture=[kind.value for kind in layerscope.Kind]
+        every=1, kinds=[kind.value for kind in layerscope.Kind]
     ),
     "layerscope: weights + grads, every step (wandb's coverage)": _layerscope(
-        every=1, capture=("weight", "weight_grad")
+        every=1, kinds=("weight", "weight_grad")
     ),
     "layerscope: inputs, outputs, weights, grads, every step (torchember's coverage)": (
-        _layerscope(every=1, capture=("input", "activation", "weight", "weight_grad"))
+        _layerscope(every=1, kinds=("input", "activation", "weight", "weight_grad"))
     ),
     # torchember keeps mean, std, max and min of each tensor, no histogram: the same here.
     "layerscope: torchember's coverage and its 4 statistics, no histogram": _layerscope(
         every=1,
-        capture=("input", "activation", "weight", "weight_grad"),
+        kinds=("input", "activation", "weight", "weight_grad"),
         stats=["mean", "std", "min", "max"],
         histogram=None,
     ),

@@ -34,9 +34,9 @@ def main() -> None:
     train_x, train_y, test_x, test_y = load()
     model = make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    capture = ("activation", "grad", "weight", "weight_grad", "update")
+    kinds = ("activation", "grad", "weight", "weight_grad", "update")
 
-    with layerscope.watch(model, optimizer=optimizer, capture=capture) as scope:
+    with layerscope.watch(model, optimizer=optimizer, kinds=kinds) as scope:
         for _ in range(5):  # epochs
             for batch in torch.randperm(len(train_x)).split(64):
                 loss = nn.functional.cross_entropy(model(train_x[batch]), train_y[batch])

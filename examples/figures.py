@@ -36,9 +36,9 @@ def train(path: Path) -> layerscope.Run:
     labels = torch.tensor(digits.target)
     model = make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    capture = ("activation", "grad", "weight", "weight_grad", "update")
+    kinds = ("activation", "grad", "weight", "weight_grad", "update")
     shutil.rmtree(path, ignore_errors=True)  # a run from an earlier call
-    with layerscope.watch(model, run=path, every=1, optimizer=optimizer, capture=capture) as scope:
+    with layerscope.watch(model, run=path, every=1, optimizer=optimizer, kinds=kinds) as scope:
         for _ in range(STEPS):
             batch = torch.randint(0, len(images), (64,))
             loss = nn.functional.cross_entropy(model(images[batch]), labels[batch])

@@ -66,7 +66,7 @@ def main() -> None:
     # Lightning validates after global step 10, 20...: layerscope's steps 9, 19... (it counts
     # from 0). Recording those steps puts training and validation rows under the same steps.
     every = layerscope.Schedule(every=10, start=9)
-    callback = LayerscopeCallback(every=every, capture=("activation", "grad", "weight", "update"))
+    callback = LayerscopeCallback(every=every, kinds=("activation", "grad", "weight", "update"))
     trainer = L.Trainer(
         max_steps=args.steps,
         accumulate_grad_batches=2,  # two micro-batches per step: merged into one

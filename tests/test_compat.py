@@ -18,9 +18,9 @@ STAT_COLUMNS = ["numel", "mean", "std", "min", "max", "absmax", "l2", "zero_frac
 KEY = ["step", "phase", "module", "kind", "tensor", "call"]
 
 
-def _run(model, steps=2, capture=("activation", "grad", "weight", "weight_grad")):
+def _run(model, steps=2, kinds=("activation", "grad", "weight", "weight_grad")):
     generator = torch.Generator().manual_seed(3)
-    with layerscope.watch(model, every=1, capture=capture) as scope:
+    with layerscope.watch(model, every=1, kinds=kinds) as scope:
         for _ in range(steps):
             x = torch.randn(4, 8, generator=generator, requires_grad=True)
             model(x).pow(2).mean().backward()
@@ -111,7 +111,7 @@ def _ddp_rank(rank: int, directory: str, with_optimizer: bool) -> None:
             ddp,
             optimizer=optimizer if with_optimizer else None,
             every=1,
-            capture=("weight_grad",),
+            kinds=("weight_grad",),
         )
         torch.manual_seed(100 + rank)  # each rank its own data: local gradients differ
         ddp(torch.randn(8, 4)).pow(2).sum().backward()
@@ -212,7 +212,7 @@ def test_a_compiled_model_records_its_recorded_steps_and_no_others():
     logging.getLogger("torch._dynamo").addHandler(recompiled)
     try:
         with layerscope.watch(
-            model, optimizer=optimizer, every=layerscope.Schedule(every=5), capture=("activation",)
+            model, optimizer=optimizer, every=layerscope.Schedule(every=5), kinds=("activation",)
         ) as scope:
             compiled = torch.compile(model)
             for _ in range(11):

@@ -142,7 +142,7 @@ def test_each_recorded_tensor_costs_two_launches_and_parameters_two_per_group(la
     unwatched = _step_ops(plain, plain_optimizer, ids)
     kinds = ("input", "activation", "grad", "weight", "weight_grad", "update")
     with layerscope.watch(
-        model, optimizer=optimizer, every=1, capture=kinds, histogram=histogram
+        model, optimizer=optimizer, every=1, kinds=kinds, histogram=histogram
     ) as scope:
         _train(model, optimizer, ids)
         launches.clear()
@@ -194,7 +194,7 @@ def test_a_step_of_the_gradients_sentinel_costs_two_launches_per_dtype(launches)
     _train(plain, plain_optimizer, ids)
     unwatched = _step_ops(plain, plain_optimizer, ids)
     schedule = layerscope.Schedule(every=100, sentinel="gradients")
-    with layerscope.watch(model, optimizer=optimizer, every=schedule, capture=EVERY_KIND) as scope:
+    with layerscope.watch(model, optimizer=optimizer, every=schedule, kinds=EVERY_KIND) as scope:
         _train(model, optimizer, ids)  # step 0: recorded
         _train(model, optimizer, ids)  # step 1: the sentinel's first, tables built
         launches.clear()
@@ -269,7 +269,7 @@ class _TrainingThreadReads:
 
 CONFIGURATIONS = {
     "every kind and instrument": {
-        "every": 1, "capture": EVERY_KIND, "histogram": ("linear", -1.0, 1.0, 8),
+        "every": 1, "kinds": EVERY_KIND, "histogram": ("linear", -1.0, 1.0, 8),
         "tensors": ["attention.qkv"], "attention": True, "noise_scale": True,
     },
     "per-layer sentinel": {"every": layerscope.Schedule(every=2, sentinel=True)},

@@ -37,7 +37,7 @@ class Builtin(nn.Module):
 def input_means(module, *args, **kwargs):
     """{tensor name: mean} of the input rows of one recorded call of ``module``."""
     holder = nn.ModuleDict({"m": module})
-    with layerscope.watch(holder, every=1, capture=("input",), include="^m$") as scope:
+    with layerscope.watch(holder, every=1, kinds=("input",), include="^m$") as scope:
         module(*args, **kwargs)
         scope.step()
     frame = scope.frame().query("kind == 'input'")
@@ -84,7 +84,7 @@ def test_each_forward_is_read_once_not_per_call(monkeypatch):
     signature = inspect.signature
     monkeypatch.setattr(_values.inspect, "signature", lambda f: read.append(f) or signature(f))
     model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3), nn.Tanh())
-    with layerscope.watch(model, every=1, capture=("input", "activation")) as scope:
+    with layerscope.watch(model, every=1, kinds=("input", "activation")) as scope:
         for _ in range(3):
             model(full(1))
             scope.step()

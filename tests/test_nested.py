@@ -240,7 +240,7 @@ def test_transformer_encoder_fast_path_is_read_without_its_padding() -> None:
     seen: dict[str, Tensor] = {}
     dropout = encoder.layers[0].dropout1  # the attention block's output, nested here
     dropout.register_forward_hook(lambda module, args, out: seen.setdefault("out", out))
-    with layerscope.watch(encoder, every=1, capture=("activation", "input")) as scope:
+    with layerscope.watch(encoder, every=1, kinds=("activation", "input")) as scope:
         with torch.no_grad():
             encoder(batch, src_key_padding_mask=padding)
         scope.step()
@@ -268,7 +268,7 @@ def test_jagged_activations_gradients_and_sentinel_in_training() -> None:
     model[0].register_forward_hook(lambda module, args, out: outputs.append(out.detach()))
     schedule = layerscope.Schedule(every=2, dense=0, sentinel=True)  # step 1: the sentinel's
     watch = layerscope.watch(
-        model, optimizer=optimizer, every=schedule, capture=("activation", "grad")
+        model, optimizer=optimizer, every=schedule, kinds=("activation", "grad")
     )
     with watch as scope:
         for _ in range(2):

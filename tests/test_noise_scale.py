@@ -116,7 +116,7 @@ def test_linear_regression_approaches_the_population_noise_scale():
     delta = (model.weight.detach().T - w_star).reshape(-1)
     grad_norm_sq = float(delta @ delta)
     trace_cov = dim * (grad_norm_sq + sigma**2) + grad_norm_sq
-    with layerscope.watch(model, every=1, capture=("weight",), noise_scale=B) as scope:
+    with layerscope.watch(model, every=1, kinds=("weight",), noise_scale=B) as scope:
         for _ in range(steps):
             for _ in range(K):
                 x = torch.randn(B, dim, generator=generator, dtype=torch.float64)

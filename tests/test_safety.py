@@ -72,7 +72,7 @@ def test_training_is_bit_identical_with_and_without_watch(with_optimizer, every)
 
     kinds = ALL_KINDS if with_optimizer else tuple(k for k in ALL_KINDS if k != "update")
     scope = layerscope.watch(
-        watched, optimizer=opt if with_optimizer else None, every=every, capture=kinds
+        watched, optimizer=opt if with_optimizer else None, every=every, kinds=kinds
     )
     with scope:
         _train(watched, opt, steps=5, scope=None if with_optimizer else scope)
@@ -90,13 +90,13 @@ def test_no_hook_is_left_after_close_or_with_or_error():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     before = _hook_count(model, optimizer)
 
-    scope = layerscope.watch(model, optimizer=optimizer, every=1, capture=ALL_KINDS)
+    scope = layerscope.watch(model, optimizer=optimizer, every=1, kinds=ALL_KINDS)
     assert _hook_count(model, optimizer) > before
     _train(model, optimizer, steps=2)
     scope.close()
     assert _hook_count(model, optimizer) == before
 
-    with layerscope.watch(model, every=1, capture=ALL_KINDS[:5]):
+    with layerscope.watch(model, every=1, kinds=ALL_KINDS[:5]):
         _train(model, optimizer, steps=1)
     assert _hook_count(model, optimizer) == before
 
@@ -107,7 +107,7 @@ def test_no_hook_is_left_after_close_or_with_or_error():
 
 def test_no_hook_is_left_on_parameters_for_weight_grads():
     model = nn.Linear(3, 3)
-    with layerscope.watch(model, capture=("weight_grad",), every=1) as scope:
+    with layerscope.watch(model, kinds=("weight_grad",), every=1) as scope:
         # The weight's gradient is read, and it tells that a backward pass ran (the probe).
         assert len(model.weight._post_accumulate_grad_hooks) == 2
         assert len(model.bias._post_accumulate_grad_hooks) == 1
@@ -130,7 +130,7 @@ def test_memory_and_live_tensors_flat_over_200_attach_detach_cycles():
     x = torch.randn(4, 1, 8, 8)
 
     def cycle():
-        with layerscope.watch(model, optimizer=optimizer, every=1, capture=ALL_KINDS) as scope:
+        with layerscope.watch(model, optimizer=optimizer, every=1, kinds=ALL_KINDS) as scope:
             model(x).sum().backward()
             optimizer.step()
             optimizer.zero_grad()
@@ -151,7 +151,7 @@ def test_nothing_holds_an_activation_alive():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
     seen = []
     model[0].register_forward_hook(lambda m, a, out: seen.append(weakref.ref(out)))
-    with layerscope.watch(model, every=1, capture=ALL_KINDS[:5]) as scope:
+    with layerscope.watch(model, every=1, kinds=ALL_KINDS[:5]) as scope:
         out = model(torch.randn(4, 8))
         out.sum().backward()
         del out
@@ -172,7 +172,7 @@ def test_hot_path_never_reads_back_to_host(monkeypatch, every):
         model,
         optimizer=optimizer,
         every=every,
-        capture=ALL_KINDS,
+        kinds=ALL_KINDS,
         stats=[*layerscope.stats.BUILTIN_STATS, custom],
     )
     x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
@@ -209,7 +209,7 @@ def test_a_monitoring_failure_warns_once_counts_and_training_goes_on(monkeypatch
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with layerscope.watch(model, every=1, capture=ALL_KINDS[:5]) as scope:
+        with layerscope.watch(model, every=1, kinds=ALL_KINDS[:5]) as scope:
             _train(model, optimizer, steps=3, scope=scope)
     _train(reference, ref_opt, steps=3)
     ours = [w for w in caught if issubclass(w.category, LayerscopeWarning)]
@@ -346,7 +346,7 @@ def test_a_sparse_gradient_is_skipped_with_a_warning_and_the_others_recorded():
     reference = copy.deepcopy(model)
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
     tokens = torch.tensor([[1, 2, 3], [3, 4, 9]])
-    scope = layerscope.watch(model, optimizer=optimizers[0], every=1, capture=("weight_grad",))
+    scope = layerscope.watch(model, optimizer=optimizers[0], every=1, kinds=("weight_grad",))
 
     def train():
         for _ in range(2):
@@ -373,7 +373,7 @@ def test_cuda_hot_path_has_no_sync(every):
     model = _net().cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(8, 1, 8, 8, device="cuda"), torch.randint(0, 10, (8,), device="cuda")
-    with layerscope.watch(model, optimizer=optimizer, every=every, capture=ALL_KINDS) as scope:
+    with layerscope.watch(model, optimizer=optimizer, every=every, kinds=ALL_KINDS) as scope:
         for _ in range(4):
             torch.cuda.set_sync_debug_mode("error")
             try:
@@ -400,7 +400,7 @@ def test_cuda_token_ids_and_the_optimizer_step_have_no_sync(every):
     model = model.cuda()
     optimizer = torch.optim.AdamW(model.parameters())
     ids = torch.randint(0, 50, (8, 6), device="cuda")
-    with layerscope.watch(model, optimizer=optimizer, every=every, capture=ALL_KINDS) as scope:
+    with layerscope.watch(model, optimizer=optimizer, every=every, kinds=ALL_KINDS) as scope:
         for _ in range(4):
             torch.cuda.set_sync_debug_mode("error")
             try:
@@ -457,7 +457,7 @@ def test_a_deep_copy_of_a_watched_model_is_not_recorded_as_the_model():
     import copy
 
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
-    with layerscope.watch(model, every=1, capture=("activation", "grad")) as scope:
+    with layerscope.watch(model, every=1, kinds=("activation", "grad")) as scope:
         ema = copy.deepcopy(model)  # an EMA copy: deepcopy keeps the hooks
         ema(torch.randn(5, 3)).sum().backward()
         model(torch.randn(2, 3)).sum().backward()
@@ -485,7 +485,7 @@ def test_watched_modules_carry_hooks_only_on_steps_that_record():
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.ReLU()))
     deep = model[2][0]
     hooked = []
-    with layerscope.watch(model, every=3, capture=("activation", "grad")) as scope:
+    with layerscope.watch(model, every=3, kinds=("activation", "grad")) as scope:
         for _ in range(7):
             model(torch.randn(2, 4)).sum().backward()
             hooked.append(len(deep._forward_hooks))
@@ -514,7 +514,7 @@ def test_the_torch_statistics_kernel_compiling_does_not_keep_idle_hooks_on():
         from layerscope.stats import _partials
         model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
         hooked = []
-        with layerscope.watch(model, every=2, capture=("activation",)) as scope:
+        with layerscope.watch(model, every=2, kinds=("activation",)) as scope:
             for _ in range(4):
                 model(torch.randn(2, 4)).sum()
                 hooked.append(len(model[0]._forward_hooks))

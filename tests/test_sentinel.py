@@ -172,14 +172,12 @@ def test_sentinel_false_watches_nothing_between_recorded_steps():
 
 def test_sentinel_only_watches_the_captured_kinds_and_skips_without_them():
     model = _model()
-    with layerscope.watch(
-        model, every=Schedule(every=10, sentinel=True), capture=("grad",)
-    ) as scope:
+    with layerscope.watch(model, every=Schedule(every=10, sentinel=True), kinds=("grad",)) as scope:
         _train(model, scope, steps=3)
     frame = scope.frame()
     assert set(frame[frame.sentinel].kind) == {"grad"}
     with layerscope.watch(
-        model, every=Schedule(every=10, sentinel=True), capture=("weight",)
+        model, every=Schedule(every=10, sentinel=True), kinds=("weight",)
     ) as scope:
         _train(model, scope, steps=3)
     assert not scope.frame().sentinel.any()

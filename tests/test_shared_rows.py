@@ -34,7 +34,7 @@ def test_inputs_share_the_rows_of_the_outputs_before_them(monkeypatch):
         real(tensor, histogram, rows, index)
 
     monkeypatch.setattr(_recorder, "write_partials", counting)
-    scope = layerscope.watch(model, every=1, capture=("input", "activation"))
+    scope = layerscope.watch(model, every=1, kinds=("input", "activation"))
     model(torch.randn(32, 8))
     scope.step()
     frame = scope.frame()
@@ -69,7 +69,7 @@ def test_rows_are_not_shared_across_steps(monkeypatch):
 
     monkeypatch.setattr(_recorder, "write_partials", counting)
     x = torch.randn(4, 8)
-    with layerscope.watch(model, every=1, capture=("input",)) as scope:
+    with layerscope.watch(model, every=1, kinds=("input",)) as scope:
         for _ in range(3):
             model(x)  # the same input tensor every step
             scope.step()

@@ -151,7 +151,7 @@ RUN_JSON_FIELDS = [
     ("status", "status"),
     ("histogram_edges", "histogram_edges"),
 ]
-CONFIG_FIELDS = ["stats", "custom_stats", "capture"]
+CONFIG_FIELDS = ["stats", "custom_stats", "kinds", "capture"]
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +177,7 @@ def test_a_planted_run_json_field_is_refused_by_name(clean_run, tmp_path, field,
         meta[field] = value
         named = field
     (run_dir / "run.json").write_text(json.dumps(meta))
-    if field == "capture" and form == "list":
+    if field in ("kinds", "capture") and form == "list":
         # Kinds are text a reader only shows: accepted, and still never SQL.
         layerscope.load(run_dir)
     else:

@@ -62,7 +62,7 @@ def train_one_step(run=None):
     for name, module in model.named_children():
         module.register_forward_hook(keep(name))
     with layerscope.watch(
-        model, optimizer=optimizer, every=1, capture=KINDS, stats=STATS, alerts=False, run=run
+        model, optimizer=optimizer, every=1, kinds=KINDS, stats=STATS, alerts=False, run=run
     ) as scope:
         model(torch.randn(5, 4)).pow(2).sum().backward()
         optimizer.step()
@@ -124,5 +124,5 @@ def test_a_shared_tensor_gets_each_kinds_statistics():
 
 def test_a_kind_not_captured_is_refused():
     model = nn.Linear(2, 2)
-    with pytest.raises(ValueError, match=r"stats: statistics for 'input', which capture="):
+    with pytest.raises(ValueError, match=r"stats: statistics for 'input', which kinds="):
         layerscope.watch(model, stats={"input": {"rms": rms}})

@@ -41,7 +41,7 @@ def test_optimizer_ends_steps_and_reads_grads_before_and_weights_after():
 
     optimizer.register_step_pre_hook(before)
     scope = layerscope.watch(
-        model, optimizer=optimizer, every=1, capture=("weight", "weight_grad", "update")
+        model, optimizer=optimizer, every=1, kinds=("weight", "weight_grad", "update")
     )
     optimizer.register_step_post_hook(lambda *a: seen.update(after=model.weight.detach().clone()))
     with scope:
@@ -64,7 +64,7 @@ def test_optimizer_ends_steps_and_reads_grads_before_and_weights_after():
 def test_weight_grads_without_optimizer_are_read_when_backward_ends():
     model = nn.Linear(5, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with layerscope.watch(model, every=1, capture=("weight_grad",)) as scope:
+    with layerscope.watch(model, every=1, kinds=("weight_grad",)) as scope:
         batches = [torch.randn(4, 5) for _ in range(3)]
         for x in batches:  # three micro-batches accumulate
             model(x).sum().backward()
@@ -89,7 +89,7 @@ def test_closure_optimizers_read_grads_after_the_closure():
         return loss
 
     with layerscope.watch(
-        model, optimizer=optimizer, every=1, capture=("weight_grad", "activation")
+        model, optimizer=optimizer, every=1, kinds=("weight_grad", "activation")
     ) as scope:
         optimizer.step(closure)
     frame = scope.frame()
@@ -101,7 +101,7 @@ def test_micro_batches_merge_into_their_step():
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh())
     outputs = []
     model[1].register_forward_hook(lambda m, a, out: outputs.append(out.detach().clone()))
-    with layerscope.watch(model, every=1, capture=("activation",)) as scope:
+    with layerscope.watch(model, every=1, kinds=("activation",)) as scope:
         for batch in (3, 5):
             model(torch.randn(batch, 4)).sum().backward()
         scope.step()
@@ -111,7 +111,7 @@ def test_micro_batches_merge_into_their_step():
 
 def test_eval_forwards_are_recorded_as_eval_without_advancing_the_step():
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
-    with layerscope.watch(model, every=1, capture=("activation",)) as scope:
+    with layerscope.watch(model, every=1, kinds=("activation",)) as scope:
         model(torch.randn(2, 4)).sum().backward()
         scope.step()
         model.eval()
@@ -139,7 +139,7 @@ def test_a_module_called_twice_keeps_a_call_index_per_call():
     model.forward = lambda x: shared(torch.relu(shared(x)))
     seen = []
     shared.register_forward_hook(lambda m, a, out: seen.append(out.detach().clone()))
-    with layerscope.watch(model, every=1, capture=("activation", "grad")) as scope:
+    with layerscope.watch(model, every=1, kinds=("activation", "grad")) as scope:
         model(torch.randn(2, 3)).sum().backward()
         scope.step()
     frame = scope.frame().query("module == 'shared' and kind == 'activation'")
@@ -168,7 +168,7 @@ def test_scalars_accept_numbers_and_tensors_and_reject_others():
 
 def test_inputs_are_read_before_in_place_modules_change_them():
     model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True))
-    with layerscope.watch(model, every=1, capture=("input", "activation")) as scope:
+    with layerscope.watch(model, every=1, kinds=("input", "activation")) as scope:
         x = torch.tensor([[-1.0, 2.0, -3.0]])
         model[0].weight.data = torch.eye(3)
         model[0].bias.data.zero_()
@@ -183,7 +183,7 @@ def test_inputs_are_read_before_in_place_modules_change_them():
 
 def test_buffers_are_recorded_after_the_step():
     model = nn.BatchNorm1d(3)
-    with layerscope.watch(model, every=1, capture=("buffer",)) as scope:
+    with layerscope.watch(model, every=1, kinds=("buffer",)) as scope:
         model(torch.randn(8, 3) + 5)
         scope.step()
     frame = scope.frame()
@@ -208,7 +208,7 @@ def test_many_forward_passes_in_one_step_flush_early_and_merge_the_same(
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
         scope = layerscope.watch(
-            model, every=1, stats=stats, capture=("activation", "grad", "weight")
+            model, every=1, stats=stats, kinds=("activation", "grad", "weight")
         )
         scope._recorder.rows_per_flush = rows_per_flush
         capacity = []
@@ -293,7 +293,7 @@ def test_weight_grads_under_grad_scaler_are_unscaled():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
     x = torch.randn(5, 6)
-    with layerscope.watch(model, optimizer=optimizer, every=1, capture=("weight_grad",)) as scope:
+    with layerscope.watch(model, optimizer=optimizer, every=1, kinds=("weight_grad",)) as scope:
         scaler.scale(model(x).pow(2).mean()).backward()
         scaler.step(optimizer)
         scaler.update()
@@ -402,7 +402,7 @@ def test_an_evaluation_right_after_a_recorded_step_belongs_to_it():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with layerscope.watch(model, optimizer=optimizer, every=5, capture=("activation",)) as scope:
+    with layerscope.watch(model, optimizer=optimizer, every=5, kinds=("activation",)) as scope:
         for step in range(11):
             model(torch.randn(2, 4)).sum().backward()
             optimizer.step()
@@ -432,7 +432,7 @@ def test_an_evaluation_before_a_recorded_step_is_recorded_under_the_step_it_foll
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with layerscope.watch(model, optimizer=optimizer, every=5, capture=("activation",)) as scope:
+    with layerscope.watch(model, optimizer=optimizer, every=5, kinds=("activation",)) as scope:
         for step in range(12):
             model(torch.randn(2, 4)).sum().backward()
             optimizer.step()
@@ -462,7 +462,7 @@ def test_forward_passes_through_a_child_merge_like_passes_through_the_root():
     torch.manual_seed(0)
     model = Wrapper()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with layerscope.watch(model, optimizer=optimizer, every=1, capture=("activation",)) as scope:
+    with layerscope.watch(model, optimizer=optimizer, every=1, kinds=("activation",)) as scope:
         for _ in range(2):
             for _ in range(3):  # micro-batches: net, then head, then backward
                 model.head(model.net(torch.randn(2, 4))).sum().backward()
@@ -501,7 +501,7 @@ def test_several_optimizers_are_read_around_their_own_steps():
         model,
         optimizer=[gen_opt, critic_opt],  # the generator steps last: its step ends the step
         every=1,
-        capture=("weight_grad", "update"),
+        kinds=("weight_grad", "update"),
     ) as scope:
         for _ in range(3):
             for _ in range(2):  # the critic steps twice per iteration

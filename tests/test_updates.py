@@ -56,7 +56,7 @@ def test_the_copy_is_kept_only_between_recorded_steps() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     held = []
     every = layerscope.Schedule(every=4, dense=2)  # records steps 0, 1 and 4
-    with layerscope.watch(model, optimizer=optimizer, every=every, capture=("update",)) as scope:
+    with layerscope.watch(model, optimizer=optimizer, every=every, kinds=("update",)) as scope:
         for _ in range(5):
             model(torch.randn(2, 4)).pow(2).sum().backward()
             optimizer.step()
@@ -77,7 +77,7 @@ def test_a_failing_parameter_copy_warns_once_and_training_goes_on(monkeypatch):
     reference = nn.Linear(4, 3)
     reference.load_state_dict(model.state_dict())
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, reference)]
-    scope = layerscope.watch(model, optimizer=optimizers[0], every=1, capture=("weight", "update"))
+    scope = layerscope.watch(model, optimizer=optimizers[0], every=1, kinds=("weight", "update"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for m, optimizer in ((model, optimizers[0]), (reference, optimizers[1])) * 3:

@@ -31,8 +31,8 @@ def _step(model, scope, batch=3):
         ({"stats": ["mean", "median"]}, ValueError, "stats"),
         ({"stats": {"mean": lambda t: t.mean()}}, ValueError, "stats"),
         ({"stats": {"x": 3}}, TypeError, "stats"),
-        ({"capture": ("activation", "gradients")}, ValueError, "capture"),
-        ({"capture": ("update",)}, ValueError, "optimizer"),
+        ({"kinds": ("activation", "gradients")}, ValueError, "kinds"),
+        ({"kinds": ("update",)}, ValueError, "optimizer"),
         ({"every": 0}, ValueError, "every"),
         ({"every": -3}, ValueError, "every"),
         ({"every": 2.5}, TypeError, "every"),
@@ -60,8 +60,8 @@ def test_bad_input_gets_a_clear_error_naming_the_argument(kwargs, error, names):
 
 def test_a_failed_watch_leaves_no_hook_behind():
     model = _mlp()
-    with pytest.raises(ValueError, match="capture"):
-        layerscope.watch(model, capture=("activation", "nope"))
+    with pytest.raises(ValueError, match="kinds"):
+        layerscope.watch(model, kinds=("activation", "nope"))
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 

@@ -265,7 +265,7 @@ def train_step(
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     recorders = [Recorder(model)]
     scope = layerscope.watch(
-        model, optimizer=optimizer if with_optimizer else None, every=1, capture=KINDS
+        model, optimizer=optimizer if with_optimizer else None, every=1, kinds=KINDS
     )
     with scope:
         for index in range(steps):

@@ -21,7 +21,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 rms = {"rms": lambda t: t.float().pow(2).mean().sqrt()}  # a custom statistic
 micro_batches = [torch.randn(4, 8), torch.randn(12, 8)]  # gradient accumulation: 2 passes
 with layerscope.watch(
-    model, optimizer=optimizer, every=1, capture=["activation"], stats=["mean", "std", "hist", rms]
+    model, optimizer=optimizer, every=1, kinds=["activation"], stats=["mean", "std", "hist", rms]
 ) as scope:
     outputs = []
     for batch in micro_batches:

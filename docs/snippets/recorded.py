@@ -31,7 +31,7 @@ optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 every_kind = ("activation", "grad", "weight", "weight_grad", "update", "input", "buffer")
 # "^encoder" matches the whole name "encoder": the block is watched too, with its children
 with layerscope.watch(
-    model, optimizer=optimizer, every=1, capture=every_kind, include="^encoder"
+    model, optimizer=optimizer, every=1, kinds=every_kind, include="^encoder"
 ) as scope:
     loss = model(torch.randn(32, 8)).pow(2).mean()
     loss.backward()

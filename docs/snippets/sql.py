@@ -6,9 +6,9 @@ import layerscope
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-capture = ("activation", "grad", "weight", "weight_grad", "update")
+kinds = ("activation", "grad", "weight", "weight_grad", "update")
 with layerscope.watch(
-    model, optimizer=optimizer, every=5, capture=capture, run="runs/sql"
+    model, optimizer=optimizer, every=5, kinds=kinds, run="runs/sql"
 ) as scope:
     for _ in range(60):
         inputs = torch.randn(32, 16)

@@ -42,7 +42,7 @@ def main() -> None:
         model,
         optimizer,
         every=1,
-        capture=("input", "activation", "weight"),
+        kinds=("input", "activation", "weight"),
         stats=["mean", "std", "min", "max", {"activation": {"rms": rms}}],
     ) as scope:
         for step in range(4):

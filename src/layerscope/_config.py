@@ -11,7 +11,7 @@ from torch import nn
 from layerscope._limits import MAX_COUNT, MAX_STEP, Bound, check_within
 from layerscope._schedule import Schedule, parse_every
 from layerscope.health import AlertsConfig, parse_alerts
-from layerscope.model import Kind, Selection, check_types, parse_capture, parse_rules
+from layerscope.model import Kind, Selection, check_types, parse_kinds, parse_rules
 from layerscope.stats import (
     HistogramSpec,
     LinearHistogram,
@@ -47,7 +47,7 @@ class WatchConfig:
         *,
         has_optimizer: bool,
         every: object,
-        capture: object,
+        kinds: object,
         include: object,
         exclude: object,
         types: object,
@@ -67,11 +67,11 @@ class WatchConfig:
         """
         parsed_stats = parse_stats(stats)
         spec = parse_histogram(histogram)
-        kinds = parse_capture(capture, has_optimizer)
-        check_stats_kinds(parsed_stats, kinds)
+        parsed_kinds = parse_kinds(kinds, has_optimizer)
+        check_stats_kinds(parsed_stats, parsed_kinds)
         return cls(
             schedule=parse_every(every),
-            kinds=kinds,
+            kinds=parsed_kinds,
             selection=Selection(
                 include=parse_rules(include, "include", root),
                 exclude=parse_rules(exclude, "exclude", root),
@@ -100,7 +100,7 @@ class WatchConfig:
         """JSON-ready form, saved with the run."""
         return {
             "every": self.schedule.to_dict(),
-            "capture": sorted(kind.value for kind in self.kinds),
+            "kinds": sorted(kind.value for kind in self.kinds),
             **self.selection.texts(),  # include, exclude, types
             "stats": list(self.stats.builtin),
             "custom_stats": list(self.stats.custom_columns),
@@ -117,13 +117,13 @@ class WatchConfig:
 
 
 def check_stats_kinds(stats: StatSelection, kinds: frozenset[Kind]) -> None:
-    """Statistics per kind only of kinds that ``capture=`` records, or a ValueError."""
+    """Statistics per kind only of kinds that ``kinds=`` records, or a ValueError."""
     missing = [kind for kind in stats.by_kind if Kind(kind) not in kinds]
     if missing:
-        captured = ", ".join(sorted(kind.value for kind in kinds))
+        recorded = ", ".join(sorted(kind.value for kind in kinds))
         raise ValueError(
-            f"stats: statistics for {', '.join(map(repr, missing))}, which capture= does not "
-            f"record (it records {captured})"
+            f"stats: statistics for {', '.join(map(repr, missing))}, which kinds= does not "
+            f"record (it records {recorded})"
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,7 @@ from layerscope._config import WatchConfig, check_model
 from layerscope._imports import require
 from layerscope._schedule import Schedule
 from layerscope.hooks import parse_optimizers
-from layerscope.model import DEFAULT_CAPTURE, Kind, unwrap
+from layerscope.model import DEFAULT_KINDS, Kind, unwrap
 from layerscope.scope import Scope
 from layerscope.sinks import Sink
 from layerscope.tensors import Record, parse_tensors
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 #: ``watch(if_exists=...)``: where ``run`` holds a run, raise, or write the next free ``run-N``.
 IF_EXISTS = ("fail", "new")
+#: ``kinds=``'s old name, still taken with a FutureWarning.
+OLD_KINDS_NAME = "capture"
 
 
 def watch(
@@ -32,7 +35,7 @@ def watch(
     optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
     run: object = None,
     every: int | Schedule | None = None,
-    capture: Sequence[str | Kind] = DEFAULT_CAPTURE,
+    kinds: Sequence[str | Kind] = DEFAULT_KINDS,
     include: ModuleFilter | Sequence[ModuleFilter] | None = None,
     exclude: ModuleFilter | Sequence[ModuleFilter] | None = None,
     types: tuple[type[nn.Module], ...] | None = None,
@@ -48,6 +51,8 @@ def watch(
     noise_scale: bool | int = False,
     attention: bool = False,
     if_exists: str = "fail",
+    *,
+    capture: Sequence[str | Kind] | None = None,
 ) -> Scope:
     """Record statistics of every layer of ``model`` while it trains.
 
@@ -67,7 +72,7 @@ def watch(
         every: which steps get full statistics: an int N (every N-th step), a ``Schedule``, or
             None for the default ``Schedule(every=100, dense=10)``, with the gradients'
             sentinel between recorded steps where the model is on an accelerator.
-        capture: kinds to record: ``activation``, ``grad``, ``weight``, ``weight_grad`` by
+        kinds: kinds to record: ``activation``, ``grad``, ``weight``, ``weight_grad`` by
             default; also ``input``, ``update`` (needs ``optimizer``) and ``buffer``.
         include: which modules to watch, one item or a list of them, any one of which may
             pick a module: a regex searched in qualified module names (one that matches a
@@ -150,12 +155,15 @@ def watch(
             that holds none, as a notebook cell run again or a tracker's next run would
             (``scope.run_path`` says which). Never into an existing run. Under
             torch.distributed rank 0 chooses for every rank.
+        capture: the old name of ``kinds``, taken as it with a FutureWarning; it will be
+            removed.
 
     Returns:
         A ``Scope``: a context manager whose exit removes every hook.
 
     Raises:
-        TypeError: ``model`` is not a module, or an argument has the wrong type.
+        TypeError: ``model`` is not a module, an argument has the wrong type, or both
+            ``kinds`` and ``capture`` are given.
         FileExistsError: ``run`` holds a run (and ``if_exists`` is ``"fail"``), or another
             process is writing one there.
         OSError: ``run``'s files cannot be written (a full disk, no permission).
@@ -178,13 +186,16 @@ def watch(
         >>> sorted(set(zip(frame.module, frame.kind)))[:4]
         [('0', 'activation'), ('0', 'grad'), ('0', 'weight'), ('0', 'weight_grad')]
     """
+    chosen_kinds = kinds_from_capture(
+        kinds, capture, kinds_given=kinds is not DEFAULT_KINDS, caller="watch", stacklevel=2
+    )
     model = check_model(model)
     optimizers = parse_optimizers(optimizer)
     checked_sinks = check_sinks(sinks)
     config = WatchConfig.from_arguments(
         has_optimizer=bool(optimizers),
         every=every,
-        capture=capture,
+        kinds=chosen_kinds,
         include=include,
         exclude=exclude,
         types=types,
@@ -255,3 +266,56 @@ def check_sinks(sinks: object) -> list[Sink]:
                 f"sinks: {sink!r} is not a sink: it needs start, write, flush and close methods"
             )
     return list(sinks)
+
+
+def kinds_from_capture(
+    kinds: object, capture: object, *, kinds_given: bool, caller: str, stacklevel: int
+) -> object:
+    """``kinds``, or ``capture`` (its old name) given in its place, with a FutureWarning.
+
+    A FutureWarning, which Python shows by default, since it is for whoever wrote the call (a
+    DeprecationWarning is hidden outside ``__main__`` and tests). Passing both names is a
+    mistake, never settled by taking one of them.
+
+    Args:
+        kinds: the value of ``kinds=``.
+        capture: the value of ``capture=``; None where it was not given.
+        kinds_given: whether ``kinds=`` was given too (not left at its default).
+        caller: the name the warning and the error start with (``watch``).
+        stacklevel: the frame that passed ``capture=``, which the warning points to: 1 for
+            the caller of ``kinds_from_capture``, 2 for its caller...
+
+    Raises:
+        TypeError: both ``kinds=`` and ``capture=`` were given.
+    """
+    if capture is None:
+        return kinds
+    if kinds_given:
+        raise TypeError(
+            f"{caller}: kinds= and capture= were both given; capture= is the old name of "
+            f"kinds=: pass kinds= only"
+        )
+    warnings.warn(
+        f"{caller}: capture= is now kinds=; capture= will be removed, pass kinds= instead",
+        FutureWarning,
+        stacklevel=stacklevel + 1,
+    )
+    return capture
+
+
+def options_with_kinds(options: Mapping[str, Any], caller: str, stacklevel: int) -> dict[str, Any]:
+    """``watch()``'s ``options`` with ``capture`` given as ``kinds``, as ``kinds_from_capture``.
+
+    ``stacklevel`` counts from the caller of ``options_with_kinds``, as there.
+    """
+    rest = {name: value for name, value in options.items() if name != OLD_KINDS_NAME}
+    capture = options.get(OLD_KINDS_NAME)
+    if capture is not None:
+        rest["kinds"] = kinds_from_capture(
+            rest.get("kinds"),
+            capture,
+            kinds_given="kinds" in rest,
+            caller=caller,
+            stacklevel=stacklevel + 1,
+        )
+    return rest

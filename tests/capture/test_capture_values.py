@@ -242,7 +242,7 @@ def test_inputs_are_named_as_watch_names_them():
     with layerscope.capture(model, include="^0$", kinds="input") as cap:
         model[0](x, y)
         model[0](x, mask=mask)
-    with layerscope.watch(model, every=1, capture=["input"], include="^0$") as scope:
+    with layerscope.watch(model, every=1, kinds=["input"], include="^0$") as scope:
         model[0](x, y)
         model[0](x, mask=mask)
         scope.step()

@@ -126,7 +126,7 @@ def test_hooks_come_off_between_kept_steps_and_at_close() -> None:
     model = _model()
     layer = model[0]
     tensors = {"include": "^0$", "every": 3}
-    scope = layerscope.watch(model, every=1, capture=("weight",), tensors=tensors)
+    scope = layerscope.watch(model, every=1, kinds=("weight",), tensors=tensors)
 
     def capture_hooks() -> int:
         hooks = layer._forward_hooks.values()

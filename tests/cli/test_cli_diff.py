@@ -19,9 +19,9 @@ def test_diff_plain_is_the_golden_text(tmp_path, cli):
 
 
 def test_the_layer_whose_weights_differ_comes_first_and_the_others_do_not_differ(tmp_path, cli):
-    capture = ("activation", "weight")
-    run_a = forward_only(tiny_model(), tmp_path / "a", capture=capture)
-    run_b = forward_only(tiny_model(scale_last=2.0), tmp_path / "b", capture=capture)
+    kinds = ("activation", "weight")
+    run_a = forward_only(tiny_model(), tmp_path / "a", kinds=kinds)
+    run_b = forward_only(tiny_model(scale_last=2.0), tmp_path / "b", kinds=kinds)
     status, out, _ = cli("diff", run_a, run_b, "--plain", "--top", "0")
     assert status == 0
     assert field(out, "compared").startswith("step 1,")

@@ -52,7 +52,7 @@ def test_the_png_is_the_figure_run_plot_draws(cli, run_dir, tmp_path):
 
 
 def test_update_ratio_when_the_run_has_updates(cli, tmp_path):
-    path = train(tiny_model(), tmp_path / "run", capture=("activation", "weight", "update"))
+    path = train(tiny_model(), tmp_path / "run", kinds=("activation", "weight", "update"))
     status, out, _ = cli("plot", path, "--plain", "--kind", "activation", "--kind", "grad")
     assert status == 0
     names = [name for name, _ in rows_of(out)]

@@ -192,6 +192,6 @@ def test_a_phase_with_no_rows_says_so(run_dir, cli):
 def test_kinds_asked_for_that_the_run_did_not_capture_are_named(run_dir, cli):
     status, out, _ = cli("summary", run_dir, "--plain", "--kind", "update", "--kind", "grad")
     assert status == 0
-    assert "no update rows for phase train, rank 0: see capture" in out
+    assert "no update rows for phase train, rank 0: see the run's kinds" in out
     headers = out.split("layers (")[1].splitlines()[1].split("  ")
     assert "grad l2" in [header.strip() for header in headers]

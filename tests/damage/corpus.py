@@ -495,7 +495,8 @@ def _run_json_cases() -> list[Case]:
         ("run.json-status-number", set_fields(status=5)),
         ("run.json-config-x", set_fields(config="x")),
         ("run.json-config-stats-string", set_config(stats="mean")),
-        ("run.json-config-capture-ints", set_config(capture=[1, 2])),
+        ("run.json-config-kinds-ints", set_config(kinds=[1, 2])),
+        ("run.json-config-capture-ints", set_config(capture=[1, 2])),  # a run before kinds=
         ("run.json-histogram-edges-1-2", set_fields(histogram_edges=[1, 2])),
         ("run.json-histogram-edges-string", set_fields(histogram_edges="abc")),
         ("run.json-versions-list", set_fields(versions=[1, 2])),

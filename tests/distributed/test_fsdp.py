@@ -91,7 +91,7 @@ def test_one_rank_fsdp2_records_its_shards_without_failures(one_rank_group):
             fully_shard(layer)
     fully_shard(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with layerscope.watch(model, optimizer=optimizer, every=1, capture=tuple(PARAM_KINDS)) as scope:
+    with layerscope.watch(model, optimizer=optimizer, every=1, kinds=tuple(PARAM_KINDS)) as scope:
         model(torch.randn(8, 4)).square().mean().backward()
         grads = {name: p.grad.to_local().clone() for name, p in model.named_parameters()}
         optimizer.step()

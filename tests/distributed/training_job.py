@@ -20,7 +20,7 @@ from collective_log import CollectiveLog, flight_recorder_entries
 from torch import Tensor, nn
 
 STEPS = 3
-CAPTURE = ("activation", "grad", "weight", "weight_grad", "update")
+KINDS = ("activation", "grad", "weight", "weight_grad", "update")
 # A collective one rank issues and the other does not would otherwise wait 30 minutes.
 TIMEOUT = timedelta(seconds=20)
 
@@ -128,7 +128,7 @@ def train(
     with CollectiveLog() as log:
         scope = None
         if run is not None:
-            scope = layerscope.watch(model, optimizer=optimizer, every=1, run=run, capture=CAPTURE)
+            scope = layerscope.watch(model, optimizer=optimizer, every=1, run=run, kinds=KINDS)
         for step, x in enumerate(data):
             model(x).square().mean().backward()
             if expected is not None:

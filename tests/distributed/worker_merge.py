@@ -48,9 +48,9 @@ def run_job(
     """
     model, inner = models or wrapped(kind)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    capture = ("activation", "weight")
+    kinds = ("activation", "weight")
     with layerscope.watch(
-        model, optimizer=optimizer, every=1, run=run, ranks=ranks, capture=capture, alerts=False
+        model, optimizer=optimizer, every=1, run=run, ranks=ranks, kinds=kinds, alerts=False
     ) as scope:
         for step, x in enumerate(batches(rank)):
             model(x).square().mean().backward()

@@ -87,7 +87,7 @@ def test_parameter_gradients_under_fp16_autocast_are_recorded_unscaled():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     optimizer.register_step_pre_hook(lambda *_: seen.append(model[0].weight.grad.norm().item()))
     scaler = torch.amp.GradScaler("cpu")
-    with layerscope.watch(model, optimizer=optimizer, every=1, capture=("weight_grad",)) as scope:
+    with layerscope.watch(model, optimizer=optimizer, every=1, kinds=("weight_grad",)) as scope:
         for _ in range(2):
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = model(torch.randn(16, 8)).float().pow(2).mean()
@@ -167,7 +167,7 @@ _OPTIMIZERS = {
 def test_the_bias_of_a_convolution_before_batch_norm_raises_no_alert(optimizer, zero_bias):
     model = _conv_bn(zero_bias)
     scope = _train_classifier(
-        model, _OPTIMIZERS[optimizer](model.parameters()), 30, capture=EVERY_KIND
+        model, _OPTIMIZERS[optimizer](model.parameters()), 30, kinds=EVERY_KIND
     )
     frame = scope.frame()
     bias_grads = frame.query("kind == 'weight_grad' and module == '0' and tensor == 'bias'")

@@ -123,7 +123,7 @@ def test_measured_update_ratios_far_too_large_are_found():
     model = mlp([8, 16, 1])
     optimizer = torch.optim.SGD(model.parameters(), lr=5.0)
     alerts = {"update_ratio": {"warmup": 0}}  # judged from the first step
-    scope = train(model, 4, optimizer=optimizer, capture=("weight", "update"), alerts=alerts)
+    scope = train(model, 4, optimizer=optimizer, kinds=("weight", "update"), alerts=alerts)
     ratio = _alerts(scope, "update_ratio")
     assert len(ratio)
     assert (ratio.value > 0.1).all()
@@ -185,7 +185,7 @@ def test_parameters_that_start_at_zero_are_not_judged_in_their_first_steps():
         for layer in model[::2]:
             layer.bias.zero_()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scope = train(model, 30, optimizer=optimizer, capture=("weight", "update"))
+    scope = train(model, 30, optimizer=optimizer, kinds=("weight", "update"))
     assert _alerts(scope, "update_ratio").empty
 
 
@@ -195,7 +195,7 @@ def test_an_additive_attention_mask_of_minus_inf_is_not_a_fault():
     mask = torch.triu(torch.full((6, 6), float("-inf")), diagonal=1)
     attention.register_buffer("mask", mask)  # kept as a buffer too, as models keep theirs
     capture = ("input", "activation", "buffer")
-    with layerscope.watch(attention, every=1, capture=capture) as scope:
+    with layerscope.watch(attention, every=1, kinds=capture) as scope:
         for _ in range(3):
             x = torch.randn(4, 6, 16)
             attention(x, x, x, attn_mask=mask)[0].sum().backward()

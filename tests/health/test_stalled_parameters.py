@@ -27,7 +27,7 @@ def _train(
     alerts = {"update_ratio": {}}  # this rule alone
     rules = {name: False for name in layerscope.health.RULES if name != "update_ratio"}
     with layerscope.watch(
-        model, optimizer=optimizer, every=every, capture=capture, alerts={**rules, **alerts}
+        model, optimizer=optimizer, every=every, kinds=capture, alerts={**rules, **alerts}
     ) as scope:
         for step in range(steps):
             before(step)

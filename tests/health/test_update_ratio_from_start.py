@@ -18,7 +18,7 @@ def test_a_rate_far_too_high_is_found_at_the_first_step_but_not_on_a_layer_from_
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0)
     alerts = dict.fromkeys(("dead", "vanishing_grad", "exploding_grad"), False)
     scope = train(
-        model, 11, optimizer=optimizer, every=10, capture=("weight", "update"), alerts=alerts
+        model, 11, optimizer=optimizer, every=10, kinds=("weight", "update"), alerts=alerts
     )  # records 0 and 10
     found = scope.frame("alerts")
     found = found[(found.rule == "update_ratio") & (found.step == 0)]

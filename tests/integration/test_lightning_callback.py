@@ -255,7 +255,8 @@ def test_a_step_gradscaler_skipped_is_a_step_of_its_own():
         ({"model": None}, TypeError, "^model: "),
         ({"every": 0}, ValueError, "^every: "),
         ({"include": "("}, ValueError, "^include: "),
-        ({"capture": ["weights"]}, ValueError, "^capture: "),
+        ({"kinds": ["weights"]}, ValueError, "^kinds: "),
+        ({"capture": ["weights"]}, ValueError, "^kinds: "),
         ({"run": 3}, TypeError, "^run: "),
     ],
 )

@@ -113,7 +113,7 @@ def test_a_gan_under_manual_optimization_takes_one_step_per_batch(
 ):
     module = GAN(critic_listed_first, critic_steps)
     callback = LayerscopeCallback(
-        every=1, run=None, capture=("activation", "weight", "weight_grad", "update")
+        every=1, run=None, kinds=("activation", "weight", "weight_grad", "update")
     )
     trainer = _fit(module, [callback], BATCHES, tmp_path)
     assert trainer.global_step == module.steps_per_batch * BATCHES
@@ -141,7 +141,7 @@ def test_a_gan_under_manual_optimization_takes_one_step_per_batch(
 
 
 def test_a_resumed_gan_goes_on_from_the_step_after_the_last(tmp_path):
-    first = LayerscopeCallback(every=1, run=tmp_path / "first", capture=("weight",))
+    first = LayerscopeCallback(every=1, run=tmp_path / "first", kinds=("weight",))
     # Saved at the end of a batch, as Lightning counts it (batch 5 of 16)...
     middle = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=10, save_top_k=-1)
     before = _fit(GAN(), [first, middle], BATCHES, tmp_path, val=False)
@@ -150,7 +150,7 @@ def test_a_resumed_gan_goes_on_from_the_step_after_the_last(tmp_path):
     checkpoints = {"epoch=0-step=10.ckpt": 5, "end.ckpt": BATCHES}
     for name, batches_done in checkpoints.items():
         run = tmp_path / f"resumed-{batches_done}"
-        callback = LayerscopeCallback(every=1, run=run, capture=("weight",))
+        callback = LayerscopeCallback(every=1, run=run, kinds=("weight",))
         resumed = _fit(
             GAN(), [callback], batches_done + 4, tmp_path, ckpt_path=tmp_path / name, val=False
         )

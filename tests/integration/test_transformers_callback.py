@@ -144,7 +144,7 @@ def test_evaluation_is_eval_rows_and_eval_loss_at_the_step_it_follows(trained):
 
 
 def test_gradient_accumulation_keeps_steps_on_global_steps(tmp_path):
-    callback = LayerscopeCallback(every=1, capture=["activation", "weight_grad"])
+    callback = LayerscopeCallback(every=1, kinds=["activation", "weight_grad"])
     trainer = _trainer(tmp_path, [callback], accumulate=2)
     trainer.train()
     run = layerscope.load(callback.run_dir)

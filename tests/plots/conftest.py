@@ -33,11 +33,11 @@ def record(
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    capture = ("activation", "grad", "weight", "weight_grad") + (("update",) if update else ())
+    kinds = ("activation", "grad", "weight", "weight_grad") + (("update",) if update else ())
     with (
         warnings.catch_warnings(),
         layerscope.watch(
-            model, run=path, every=1, optimizer=optimizer, capture=capture, histogram=histogram
+            model, run=path, every=1, optimizer=optimizer, kinds=kinds, histogram=histogram
         ) as scope,
     ):
         warnings.simplefilter("ignore")  # the non-finite alert warns; here it is wanted

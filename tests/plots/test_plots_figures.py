@@ -70,8 +70,8 @@ def test_update_ratio_divides_update_by_weight(run):
     assert lows_highs.y1 == pytest.approx(1e-2)
 
 
-def test_update_ratio_without_updates_names_capture(plain_run):
-    with pytest.raises(ValueError, match="capture"):
+def test_update_ratio_without_updates_names_kinds(plain_run):
+    with pytest.raises(ValueError, match="kinds="):
         plain_run.plot.update_ratio()
 
 

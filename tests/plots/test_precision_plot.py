@@ -24,7 +24,7 @@ def recorded(tmp_path_factory):
     generator = torch.Generator().manual_seed(1)
     outputs: dict[str, list[np.ndarray]] = {"0": [], "1": []}
     path = tmp_path_factory.mktemp("plot") / "run"
-    with layerscope.watch(model, every=1, run=path, capture=("activation",)) as scope:
+    with layerscope.watch(model, every=1, run=path, kinds=("activation",)) as scope:
         for _ in range(3):
             exponent = torch.randint(-40, 8, (16, 16), generator=generator).float()
             x = torch.randn(16, 16, generator=generator) * 10.0**exponent

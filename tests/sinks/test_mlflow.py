@@ -158,7 +158,7 @@ def test_a_rank_not_known_at_start_is_asked_at_the_first_write(store, monkeypatc
 
 def test_names_mlflow_refuses_are_replaced(store):
     sink = MLflow(tracking_uri=store, stats="absmax")
-    _train([sink], steps=1, model=nn.Linear(4, 2), capture=("activation",))
+    _train([sink], steps=1, model=nn.Linear(4, 2), kinds=("activation",))
     names = set(MlflowClient(store).get_run(sink.run_id).data.metrics)
     assert names == {"loss", "train/activation/_root_/out/absmax"}
 
@@ -171,7 +171,7 @@ def test_names_mlflow_refuses_are_replaced(store):
             return self.lin(self.lin(x))
 
     sink = MLflow(tracking_uri=store, stats="absmax", histograms=False)
-    scope, _ = _train([sink], steps=2, model=Twice(), capture=("activation",))
+    scope, _ = _train([sink], steps=2, model=Twice(), kinds=("activation",))
     frame = scope.frame()
     client = MlflowClient(store)
     names = set(client.get_run(sink.run_id).data.metrics)

@@ -52,7 +52,7 @@ def test_a_module_called_twice_a_step_gets_a_tag_per_call(tmp_path):
 
     model = _Twice()
     sink = layerscope.sinks.TensorBoard(tmp_path, stats="absmax")  # one name, not its letters
-    watch = layerscope.watch(model, every=1, sinks=[sink], capture=("activation",))
+    watch = layerscope.watch(model, every=1, sinks=[sink], kinds=("activation",))
     with watch as scope:
         for _ in range(2):
             model(torch.randn(3, 4)).sum().backward()

@@ -286,7 +286,7 @@ def test_a_failing_backend_warns_once_and_training_is_untouched(offline, monkeyp
 
 def test_linear_histograms_get_finite_edges_around_their_open_ends(offline):
     sink = WandB()
-    _train([sink], steps=1, histogram=("linear", -0.1, 0.1, 4), capture=("weight",))
+    _train([sink], steps=1, histogram=("linear", -0.1, 0.1, 4), kinds=("weight",))
     rows = history(offline, sink.run_id)
     (row,) = [row for row in rows if "train/weight/0/weight/hist/bins" in row]
     bins = row["train/weight/0/weight/hist/bins"]

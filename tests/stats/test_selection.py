@@ -148,7 +148,7 @@ def test_wrong_types(arg: object) -> None:
 
 @pytest.mark.parametrize("empty", [[], (), iter([]), set(), {}.keys()])
 def test_an_empty_list_selects_nothing_and_is_refused(empty: object) -> None:
-    # As capture=(): an empty list is a mistake; stats=None is how to ask for every statistic.
+    # As kinds=(): an empty list is a mistake; stats=None is how to ask for every statistic.
     with pytest.raises(ValueError, match=r"stats: expected at least one statistic"):
         parse_stats(empty)
 
@@ -175,7 +175,7 @@ def test_one_unknown_name_as_a_string(name: str) -> None:
 
 def test_watch_takes_one_statistic_as_a_string() -> None:
     model = nn.Linear(3, 2)
-    with layerscope.watch(model, every=1, stats="absmax", capture=("activation",)) as scope:
+    with layerscope.watch(model, every=1, stats="absmax", kinds=("activation",)) as scope:
         output = model(torch.randn(4, 3))
         scope.step()
     frame = scope.frame()

@@ -167,7 +167,7 @@ def test_reading_the_counts_imports_no_torch(recorded):
 
 def test_nan_and_inf_are_not_lost_values(tmp_path):
     model = torch.nn.Sequential(torch.nn.Identity())
-    with layerscope.watch(model, every=1, run=tmp_path / "run", capture=("activation",)) as scope:
+    with layerscope.watch(model, every=1, run=tmp_path / "run", kinds=("activation",)) as scope:
         model(torch.tensor([math.nan, math.inf, -math.inf, 1e6, 1e-12]))
         scope.step()
     row = layerscope.precision(tmp_path / "run", "fp16").iloc[0]

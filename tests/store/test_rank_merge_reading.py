@@ -34,7 +34,7 @@ def two_ranks(tmp_path_factory):
                 net,
                 run=path,
                 every=1,
-                capture=("activation", "weight"),
+                kinds=("activation", "weight"),
                 stats=[*layerscope.stats.BUILTIN_STATS, stats],
                 alerts=False,
             ) as scope:

@@ -61,10 +61,10 @@ def test_runs_of_a_missing_folder_fails_naming_root_and_an_empty_one_lists_nothi
 def test_a_run_without_stats_rows_has_an_empty_stats_table_of_the_full_schema(tmp_path):
     stats = ["mean", "nan_count", "hist", {"rms": lambda t: t.pow(2).mean().sqrt()}]
     model = _model()
-    with layerscope.watch(model, run=tmp_path / "r", capture="activation", stats=stats) as s:
+    with layerscope.watch(model, run=tmp_path / "r", kinds="activation", stats=stats) as s:
         for step in range(3):
             s.step(loss=float(step))  # no forward: nothing but scalars
-    with layerscope.watch(model, every=1, capture="activation", stats=stats) as in_memory:
+    with layerscope.watch(model, every=1, kinds="activation", stats=stats) as in_memory:
         model(torch.ones(1, 4)).sum().backward()
         in_memory.step()
     run = layerscope.load(tmp_path / "r")

@@ -42,7 +42,7 @@ def _train(model, steps, every=1, run=None, sinks=(), eval_every=0):
         every=every,
         run=run,
         sinks=sinks,
-        capture=("activation", "grad", "weight", "weight_grad", "update"),
+        kinds=("activation", "grad", "weight", "weight_grad", "update"),
         stats=[*layerscope.stats.BUILTIN_STATS, CUSTOM],
     )
     with scope:

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_fields(run: Run) -> list[tuple[str, str]]:
-    """Name, status, steps, ranks, times, host, versions, kernel and capture of a run."""
+    """Name, status, steps, ranks, times, host, versions, kernel and kinds of a run."""
     meta = run.meta
     versions = meta.get("versions") or {}
     fields = [
@@ -106,9 +106,17 @@ def run_fields(run: Run) -> list[tuple[str, str]]:
         ),
         ("versions", ", ".join(f"{name} {version}" for name, version in versions.items())),
         ("kernel", _format.text(meta.get("kernel"))),
-        ("capture", ", ".join((meta.get("config") or {}).get("capture", ())) or "-"),
+        ("kinds", ", ".join(recorded_kinds(meta.get("config") or {})) or "-"),
     ]
     return fields
+
+
+def recorded_kinds(config: dict[str, Any]) -> list[str]:
+    """The kinds a run's configuration names, as ``kinds`` or by its old name ``capture``.
+
+    A run written before ``watch()``'s argument was renamed holds ``capture``.
+    """
+    return list(config.get("kinds", config.get("capture", ())))
 
 
 def reach_fields(run: Run) -> list[tuple[str, str]]:
@@ -182,7 +190,7 @@ def show_layers(output: Output, run: Run, args: argparse.Namespace) -> None:
     recorded = _queries.recorded(_queries.stats_columns(run))
     measures = measures_of(args.kind) if args.kind else OVERVIEW
     for kind in sorted(set(args.kind or ()) - set(trends.kind)):
-        output.line(f"no {kind} rows for {where}: see capture")
+        output.line(f"no {kind} rows for {where}: see the run's kinds")
     table = layers_table(trends, module_types(run), measures, recorded, title)
     if table.rows:
         output.table(table)

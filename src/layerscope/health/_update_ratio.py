@@ -3,7 +3,7 @@
 ||update|| / ||weight|| near 1e-3 is the rule of thumb for a healthy learning rate. Far below
 (``low``), the parameter barely learns; exactly zero, it never changes: it is missing from the
 optimizer's parameter groups, or frozen by a zero learning rate. Far above (``high``), the
-step is too large. With ``capture`` including ``"update"`` the ratio is measured; without, an
+step is too large. With ``kinds`` including ``"update"`` the ratio is measured; without, an
 adaptive optimizer's rate bounds it (``_rate_bound``), a
 parameter left out of the optimizer given to ``watch`` has a ratio of exactly zero, and with
 no optimizer given, one whose statistics are bit for bit the same at two recorded steps while

@@ -20,7 +20,7 @@ from torch import Tensor
 from layerscope._config import WatchConfig
 from layerscope._errors import LayerscopeWarning, NonFiniteError
 from layerscope._imports import require
-from layerscope._watch import check_sinks, watch
+from layerscope._watch import check_sinks, options_with_kinds, watch
 from layerscope.scope import Scope
 from layerscope.store import ParquetStore
 
@@ -94,10 +94,13 @@ class Watcher:
     Args:
         options: ``watch()``'s options, checked now. Without ``run``, the run goes to a fresh
             ``layerscope`` directory inside the one ``start`` is given; ``run=None`` keeps it
-            in memory.
+            in memory. ``capture``, the old name of ``kinds``, is taken as it with one
+            FutureWarning, here rather than at each ``watch()``.
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
+        # The frames above: the callback's __init__, then the call that made the callback.
+        options = options_with_kinds(options, "LayerscopeCallback", stacklevel=3)
         check_options(options)
         self.options = dict(options)
         self.scope: Scope | None = None

@@ -59,7 +59,8 @@ class LayerscopeCallback(pl.Callback):
 
     Args:
         **watch_options: ``layerscope.watch()``'s options but ``model`` and ``optimizer``,
-            which come from the trainer: ``run``, ``every``, ``capture``, ``include``...
+            which come from the trainer: ``run``, ``every``, ``kinds``, ``include``...
+            ``capture``, the old name of ``kinds``, is taken as it with a FutureWarning.
 
     Raises:
         TypeError, ValueError: the errors ``watch()`` gives for the same options, raised here
@@ -67,7 +68,7 @@ class LayerscopeCallback(pl.Callback):
 
     Examples:
         >>> from layerscope.integrations.lightning import LayerscopeCallback
-        >>> callback = LayerscopeCallback(every=10, capture=["activation", "update"])
+        >>> callback = LayerscopeCallback(every=10, kinds=["activation", "update"])
         >>> # trainer = lightning.Trainer(callbacks=[callback]); trainer.fit(module)
         >>> LayerscopeCallback(every=0)
         Traceback (most recent call last):

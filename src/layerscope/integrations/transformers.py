@@ -57,7 +57,8 @@ class LayerscopeCallback(TrainerCallback):
 
     Args:
         **watch_options: ``layerscope.watch()``'s options but ``model`` and ``optimizer``,
-            which come from the Trainer: ``run``, ``every``, ``capture``, ``include``...
+            which come from the Trainer: ``run``, ``every``, ``kinds``, ``include``...
+            ``capture``, the old name of ``kinds``, is taken as it with a FutureWarning.
 
     Raises:
         TypeError, ValueError: the errors ``watch()`` gives for the same options, raised here

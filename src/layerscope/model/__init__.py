@@ -32,7 +32,7 @@ from layerscope.model._identities import (
     Identities,
     Identity,
 )
-from layerscope.model._kinds import DEFAULT_CAPTURE, STATE_KINDS, Kind, parse_capture
+from layerscope.model._kinds import DEFAULT_KINDS, STATE_KINDS, Kind, parse_kinds
 from layerscope.model._modules import CallEvent, ModuleInfo, clean_name, module_tree
 from layerscope.model._notebook import alert_counts, html_table, run_table, unreadable
 
@@ -58,7 +58,7 @@ __getattr__ = lazy_names(
 
 __all__ = [
     "ATTENTION_COLUMNS",
-    "DEFAULT_CAPTURE",
+    "DEFAULT_KINDS",
     "FORM_COLUMNS",
     "IDENTITY_COLUMNS",
     "KEY_COLUMNS",
@@ -84,7 +84,7 @@ __all__ = [
     "is_compiled",
     "join_columns",
     "module_tree",
-    "parse_capture",
+    "parse_kinds",
     "parse_rules",
     "quote_identifier",
     "run_table",

@@ -21,31 +21,31 @@ class Kind(str, Enum):
         return self.value
 
 
-DEFAULT_CAPTURE = (Kind.ACTIVATION, Kind.GRAD, Kind.WEIGHT, Kind.WEIGHT_GRAD)
+DEFAULT_KINDS = (Kind.ACTIVATION, Kind.GRAD, Kind.WEIGHT, Kind.WEIGHT_GRAD)
 
 # Kinds read once per step from parameters or buffers: a later reading replaces an earlier one.
 # The others come from forward and backward passes: readings of one step merge.
 STATE_KINDS = frozenset((Kind.WEIGHT, Kind.WEIGHT_GRAD, Kind.UPDATE, Kind.BUFFER))
 
 
-def parse_capture(capture: object, has_optimizer: bool) -> frozenset[Kind]:
-    """``capture=``: kind names; ``update`` needs an optimizer to know when a step happens."""
-    if isinstance(capture, str | Kind):
-        capture = (capture,)
-    if not isinstance(capture, Iterable):
-        raise TypeError(f"capture: expected a tuple of kind names, got {capture!r}")
-    kinds = set()
-    for item in capture:
+def parse_kinds(kinds: object, has_optimizer: bool) -> frozenset[Kind]:
+    """``kinds=``: kind names; ``update`` needs an optimizer to know when a step happens."""
+    if isinstance(kinds, str | Kind):
+        kinds = (kinds,)
+    if not isinstance(kinds, Iterable):
+        raise TypeError(f"kinds: expected a tuple of kind names, got {kinds!r}")
+    parsed = set()
+    for item in kinds:
         try:
-            kinds.add(Kind(item))
+            parsed.add(Kind(item))
         except ValueError:
             names = ", ".join(kind.value for kind in Kind)
-            raise ValueError(f"capture: unknown kind {item!r}; expected some of {names}") from None
-    if Kind.UPDATE in kinds and not has_optimizer:
+            raise ValueError(f"kinds: unknown kind {item!r}; expected some of {names}") from None
+    if Kind.UPDATE in parsed and not has_optimizer:
         raise ValueError(
-            "capture: 'update' needs optimizer=: the change a step makes is read around "
+            "kinds: 'update' needs optimizer=: the change a step makes is read around "
             "optimizer.step()"
         )
-    if not kinds:
-        raise ValueError("capture: expected at least one kind")
-    return frozenset(kinds)
+    if not parsed:
+        raise ValueError("kinds: expected at least one kind")
+    return frozenset(parsed)

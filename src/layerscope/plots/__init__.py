@@ -226,7 +226,7 @@ class RunPlots:
         """l2(update) / l2(weight) of each layer's weight over steps, log y, 1e-3 band shaded.
 
         Raises:
-            ValueError: the run recorded no ``update`` (watch with ``capture=`` holding it).
+            ValueError: the run recorded no ``update`` (watch with ``kinds=`` holding it).
         """
         return _lines.update_ratio(self.run, modules, phase)
 

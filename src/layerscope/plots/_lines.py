@@ -161,7 +161,7 @@ def update_ratio(run: RunTables, modules: Modules, phase: str) -> Figure:
     if not has_update:
         raise ValueError(
             "the run has no 'update' rows: record them with "
-            "layerscope.watch(..., optimizer=optimizer, capture=(..., 'update'))"
+            "layerscope.watch(..., optimizer=optimizer, kinds=(..., 'update'))"
         )
     layers, updates = read_rows(run, ["l2"], kind="update", phase=phase, modules=modules)
     _, weights = read_rows(run, ["l2"], kind="weight", phase=phase, modules=layers)

@@ -218,7 +218,8 @@ LINEAR_HISTOGRAM = Record(
 CONFIG = Record(
     {
         "every": Field(AnyObject()),
-        "capture": Field(TEXTS),
+        "kinds": Field(TEXTS),
+        "capture": Field(TEXTS),  # kinds, as runs written before the rename name them
         "include": Field(TEXTS),
         "exclude": Field(TEXTS),
         "types": Field(TEXTS),
