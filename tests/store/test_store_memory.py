@@ -29,19 +29,23 @@ def test_memory_stays_flat_over_60_000_steps(tmp_path):
             optimizer.zero_grad()
             scope.step(loss=0.5)
 
+    def settled() -> int:
+        scope._pipeline.drain()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0]
+
     train(20_000)
-    scope._pipeline.drain()
-    gc.collect()
     tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    train(40_000)
-    scope._pipeline.drain()
-    gc.collect()
-    growth = tracemalloc.get_traced_memory()[0] - before
+    # The first steps traced allocate about 100 KB once (caches and pools that tracing now
+    # sees filled again): measured from after them.
+    train(10_000)
+    before = settled()
+    train(30_000)
+    growth = settled() - before
     tracemalloc.stop()
     scope.close()
     # 3.2 bytes a step: one call-order event (72 bytes) is kept per recorded step, by design.
-    assert growth < 128 * 1024, f"grew by {growth} bytes over 40,000 steps"
+    assert growth < 96 * 1024, f"grew by {growth} bytes over 30,000 steps"
     run = layerscope.load(tmp_path / "r")
     assert run.meta["steps"] == 60_000
     assert len(run.scalars) == 60_000
