@@ -62,7 +62,9 @@ def test_whole_tensors_example_keeps_renders_and_animates(tmp_path):
     assert "whole tensors not kept: 0" in out
     drawn = re.search(r"the worker drew (\d+) heat maps.*; (\d+) it had no time for", out)
     assert drawn is not None
-    assert int(drawn.group(1)) + int(drawn.group(2)) == 48
+    # Each kept tensor drawn or dropped; where close() gave up on the worker, the one it was
+    # drawing may have reached the disk as it was stopped, and counts as dropped too.
+    assert 48 <= int(drawn.group(1)) + int(drawn.group(2)) <= 49
     animations = tmp_path / "whole" / "run" / "animations"
     for name in ("0-weight-heatmap.gif", "3-activation-pca.gif"):
         with Image.open(animations / name) as gif:

@@ -103,7 +103,7 @@ def worker_main(connection: Connection, fn_bytes: bytes, directory: Path | None)
             except BaseException as error:
                 _report(connection, error)
                 sys.exit(_EXIT_AFTER_ERROR)
-            connection.send(("done",))
+            _report_done(connection)
     except (EOFError, OSError):
         return  # the pipe closed: the parent is gone
     except _Terminated:
@@ -120,12 +120,24 @@ class _Terminated(BaseException):
 # Set by SIGTERM's handler. The exception it raises is swallowed where it lands in a weakref
 # callback or a __del__ (Python only prints it): the loop ends on the flag then.
 _terminate_asked = False
+_raising = True  # False while a finished record is reported: SIGTERM only ends the loop then
 
 
 def _terminated(signum: int, frame: object) -> None:
     global _terminate_asked
     _terminate_asked = True
-    raise _Terminated
+    if _raising:
+        raise _Terminated
+
+
+def _report_done(connection: Connection) -> None:
+    """Say the record is done; a SIGTERM meanwhile ends the loop after, not the report."""
+    global _raising
+    _raising = False
+    try:
+        connection.send(("done",))
+    finally:
+        _raising = True
 
 
 def _close(fn: Any) -> None:

@@ -249,6 +249,9 @@ class TensorWorkers(WorkerMonitor):
         # Also unblocks a monitor stuck sending to a worker that stopped reading.
         stop_processes(left)
         self._monitor.join(TERMINATE_GRACE_S)
+        if not self._monitor.is_alive():
+            for worker in left:  # records they finished before they ended, not yet read
+                self._read_messages(worker)
         with self._lock:
             unfinished = len(self._pending) + sum(w.holding is not None for w in left)
             self._abandoned += unfinished
