@@ -122,13 +122,17 @@ def _no_causal_mask(buggy: bool) -> Loop:
 
 _GPT = "char-GPT"
 _ATTENTION = ("blocks.0.attn.qkv", "blocks.1.attn.qkv", "blocks.0.attn.proj", "blocks.1.attn.proj")
+_BLOCKS = (*_ATTENTION, "blocks.0.mlp.2", "blocks.1.mlp.2")
 CASES = [
-    Case(name="gpt-post-ln-divergence", model=_GPT, family="loss_spike", layers=_ATTENTION,
+    Case(name="gpt-post-ln-divergence", model=_GPT, family="loss_spike", layers=_BLOCKS,
          bug="a post-LN model on a pre-LN recipe's peak rate (Adam warmed up to 1e-1 over 30 "
          "steps; the twin: 1e-2): its loss falls, then diverges",
-         planted=15, scalar_visible=19, build=_post_ln_divergence,
-         note="the loss is 1.3 times its low of step 15 at step 19; the attention's gradients "
-         "are the first to grow (3 times by step 17)"),
+         planted=15, visible=17, scalar_visible=19, origin_until=30,
+         build=_post_ln_divergence,
+         note="the loss is 1.3 times its low of step 15 at step 19; recorded every step, the "
+         "blocks' attention input gradients are 3 times their scale at the low by step 17 and "
+         "the MLP and attention outputs by step 20 (any of them names where); by step 30 every "
+         "block's outputs have grown 4 to 20 times and no later record shows where it began"),
     Case(name="gpt-head-collapse", model=_GPT, family="attention_collapse",
          layers=("blocks.0.attn", "blocks.1.attn"), attention=True,
          bug="at step 40 the attention projections' parameter group goes to 3e-1, 100 times "

@@ -88,9 +88,11 @@ CASES = [
     Case(name="gru-lr-zero-group", model=_RNN, family="update_ratio", layers=("head",),
          bug="at step 40 the head's parameter group goes to learning rate 0",
          planted=40, visible=40, build=_lr_zero_group),
-    Case(name="lstm-no-clip", model=_RNN, family="exploding_grad", layers=("rnn", "norm"),
-         bug="SGD at 20 without the recipe's clipping to 0.25",
-         planted=0, visible=2, build=_lstm_no_clip,
+    Case(name="lstm-no-clip", model=_RNN, family="exploding_grad", also=("loss_spike",),
+         layers=("rnn", "norm"), bug="SGD at 20 without the recipe's clipping to 0.25",
+         planted=0, visible=2, scalar_visible=3, origin_until=4, build=_lstm_no_clip,
          note="the LSTM's backward through time, seen in its gradients or its input's (norm's "
-         "output): 7 to 20 times their first steps' at step 2; the loss is 38 by step 5"),
+         "output): 7 to 20 times their first steps' at step 2; the loss is 3.4 times its start "
+         "at step 3 (a loss_spike that says so names the problem). By step 5 the gates "
+         "saturate and the gradients upstream vanish: only records of steps 2 to 4 show where"),
 ]  # fmt: skip

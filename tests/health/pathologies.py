@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -54,15 +55,23 @@ def train(
     inputs: int = 8,
     batch: int = 32,
     seed: int = 0,
+    same_batch: bool = False,
+    before: Callable[[int], None] | None = None,
     **watch: object,
 ) -> layerscope.Scope:
-    """Train ``model`` on a fixed regression task for ``steps`` steps, watched; the scope."""
+    """Train ``model`` on a fixed regression task for ``steps`` steps, watched; the scope.
+
+    ``same_batch``: the first batch every step; ``before``: called with each step first.
+    """
     generator = torch.Generator().manual_seed(seed)
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.01)
     watch.setdefault("every", 1)
+    first = torch.randn(batch, inputs, generator=generator)
     with layerscope.watch(model, optimizer=optimizer, **watch) as scope:  # type: ignore[arg-type]
-        for _ in range(steps):
-            x = torch.randn(batch, inputs, generator=generator)
+        for step in range(steps):
+            if before is not None:
+                before(step)
+            x = first if same_batch or not step else torch.randn(batch, inputs, generator=generator)
             loss = (model(x) - x[:, :1]).pow(2).mean()
             loss.backward()
             optimizer.step()

@@ -169,6 +169,45 @@ def test_a_loss_spike_names_the_layer_that_moved_first():
     assert "spiked at step 30" in spike.message
 
 
+def _climbing(every: int) -> layerscope.Scope:
+    """From step 30 the last layer's weights grow 1.4 times a step: the loss climbs."""
+    model = mlp([8, 16, 16, 1])
+
+    def grow(step: int) -> None:
+        if step >= 30:
+            with torch.no_grad():
+                model[4].weight.mul_(1.4)
+
+    return train(model, 42, batch=256, same_batch=True, before=grow, every=every)
+
+
+def test_a_climb_between_recorded_steps_is_placed_by_the_next_recorded_one():
+    # The loss climbs at step 35; only steps 30 and 40 are recorded near it, and step 30 is
+    # before the loss's low: its alert names no layer, and one more names the layer at 40.
+    spike, named = _alerts(_climbing(every=10), "loss_spike").itertuples()
+    assert (spike.step, spike.module) == (35, "")
+    assert "no layer recorded since the loss's low (steps 27-33) is 3 times off" in spike.message
+    assert (named.step, named.module) == (40, "4")
+    assert named.message.startswith("loss climbed at step 35: ")
+    assert "; by step 40, the scale moved first in: 4 activation out (from step 40)" in (
+        named.message
+    )
+
+
+def test_a_climb_recorded_every_step_names_its_layer_at_once():
+    [spike] = _alerts(_climbing(every=1), "loss_spike").itertuples()
+    assert (spike.step, spike.module) == (35, "4")
+
+
+def test_a_loss_that_runs_away_from_its_first_steps_is_a_spike_before_the_warm_up():
+    # Plain SGD far too fast on a deep linear stack: the loss climbs from the first steps.
+    model = mlp([8, 32, 32, 32, 1], activation=nn.Identity)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    [spike, *_] = _alerts(train(model, 8, optimizer=optimizer), "loss_spike").itertuples()
+    assert spike.step < 8
+    assert f"climbed from its start at step {spike.step}" in spike.message
+
+
 def test_a_healthy_model_trained_with_adam_raises_no_warning(caplog):
     model = mlp([8, 32, 32, 1], activation=nn.GELU)
     with caplog.at_level(logging.INFO, logger="layerscope"):

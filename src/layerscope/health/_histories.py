@@ -77,17 +77,68 @@ class Histories:
             moved += self._moved(keys[first:last], step, window, first)
         return moved
 
+    def moved_since(self, since: tuple[int, int], step: int) -> list[tuple[int, int, float]]:
+        """The keys whose scale moved from ``since`` to ``step``: (key, at, -|log|).
+
+        ``since`` is a span of steps (first, last: where the loss was at its low); a key's
+        scale there is the median of its recorded scales in it, or where it has none there,
+        its last recorded scale before. A key has moved at the first recorded step after the
+        span, up to ``step``, whose scale is ``MOVED`` times off that: a climb over several
+        steps, which no single step's jump shows. Keys in the order first seen.
+        """
+        keys = torch.tensor(self._first_seen, dtype=torch.int64)
+        moved = []
+        for first, last in pieces(len(keys), HISTORY * 4):
+            moved += self._moved_since(keys[first:last], since, step, first)
+        return moved
+
+    def _ordered(self, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Each of ``keys``' (steps, scales) oldest first, and how many of them it holds."""
+        count = take(self._count, keys)
+        held = count.clamp(max=HISTORY)
+        # Index i is the ring's place (count - held + i).
+        places = ((count - held)[:, None] + torch.arange(HISTORY)) & (HISTORY - 1)
+        steps = take(self._steps, keys).gather(1, places)
+        scales = take(self._scales, keys).gather(1, places)
+        return steps, scales, held
+
+    def _moved_since(
+        self, keys: Tensor, since: tuple[int, int], step: int, offset: int
+    ) -> list[tuple[int, int, float]]:
+        """``moved_since`` of some keys, the ``offset``-th first seen onwards."""
+        steps, scales, held = self._ordered(keys)
+        index = torch.arange(HISTORY)
+        kept = index < held[:, None]
+        inside = kept & (steps >= since[0]) & (steps <= since[1])
+        spanned = inside.sum(1)
+        in_span = _medians(
+            torch.where(inside, scales, math.inf).sort(dim=1).values, spanned.clamp(min=1)
+        )
+        before = torch.where(kept & (steps < since[0]), index, -1).max(dim=1).values
+        last_before = scales.gather(1, before.clamp(min=0)[:, None]).squeeze(1)
+        usual = torch.where(spanned > 0, in_span, torch.where(before >= 0, last_before, math.nan))[
+            :, None
+        ]
+        after = kept & (steps > since[1]) & (steps <= step)
+        off = after & ((scales / usual > MOVED) | (usual / scales > MOVED))
+        at = torch.where(off, index, HISTORY).min(dim=1).values
+        found = (at < HISTORY).nonzero().flatten()
+        if not len(found):
+            return []
+        at = take(at, found)
+        moved_at = steps[found, at].tolist()
+        logs = (scales[found, at] / take(usual.squeeze(1), found)).log().abs().tolist()
+        return [
+            (self._first_seen[offset + key], int(where), -size)
+            for key, where, size in zip(found.tolist(), moved_at, logs, strict=True)
+        ]
+
     def _moved(
         self, keys: Tensor, step: int, window: int, offset: int
     ) -> list[tuple[int, int, float]]:
         """``moved`` of some keys, the ``offset``-th first seen onwards."""
-        count = take(self._count, keys)
-        held = count.clamp(max=HISTORY)
-        # Each key's pairs oldest first: index i is the ring's place (count - held + i).
+        steps, scales, held = self._ordered(keys)
         index = torch.arange(HISTORY)
-        places = ((count - held)[:, None] + index) & (HISTORY - 1)
-        steps = take(self._steps, keys).gather(1, places)
-        scales = take(self._scales, keys).gather(1, places)
         candidates = (
             (index >= 2) & (index < held[:, None]) & (steps > step - window) & (steps <= step)
         )

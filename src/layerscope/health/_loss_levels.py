@@ -25,10 +25,11 @@ LOW_RUN = 7
 
 
 class RecentLoss:
-    """The last ``window`` positive finite values of a scalar, on the log scale."""
+    """The last ``window`` positive finite values of a scalar, on the log scale, and their steps."""
 
     def __init__(self, window: int) -> None:
         self._logs: deque[float] = deque(maxlen=max(window, 2))
+        self._steps: deque[int] = deque(maxlen=max(window, 2))
 
     def __len__(self) -> int:
         return len(self._logs)
@@ -38,24 +39,31 @@ class RecentLoss:
         """The kept values' logarithms, oldest first."""
         return list(self._logs)
 
-    def judged(self, value: float, warmup: int) -> list[float] | None:
+    @property
+    def steps(self) -> list[int]:
+        """The kept values' steps, oldest first."""
+        return list(self._steps)
+
+    def judged(self, value: float, warmup: int, step: int = -1) -> list[float] | None:
         """Keep finite ``value``; the logs before it where it can be judged against them.
 
         None while fewer than ``warmup`` (at least 2) values came before it, and for a value
         <= 0 (no log scale).
         """
         logs = self.logs
-        self.add(value)
+        self.add(value, step)
         if len(logs) < max(warmup, 2) or value <= 0:
             return None
         return logs
 
-    def add(self, value: float) -> None:
-        """Keep finite ``value``; one <= 0 empties the window (it has no log scale)."""
+    def add(self, value: float, step: int = -1) -> None:
+        """Keep finite ``value`` of ``step``; one <= 0 empties the window (no log scale)."""
         if value > 0:
             self._logs.append(math.log(value))
+            self._steps.append(step)
         else:
             self._logs.clear()
+            self._steps.clear()
 
 
 def noise(logs: Sequence[float]) -> float:
@@ -74,8 +82,14 @@ def noise(logs: Sequence[float]) -> float:
 
 def low(logs: Sequence[float]) -> float:
     """The window's low: the least median of ``LOW_RUN`` values in a row (all, if fewer)."""
+    return statistics.median(logs[slice(*low_run(logs))])
+
+
+def low_run(logs: Sequence[float]) -> tuple[int, int]:
+    """Where the window's low is: the ``(start, end)`` of its first run of least median."""
     run = min(LOW_RUN, len(logs))
-    return min(statistics.median(logs[i : i + run]) for i in range(len(logs) - run + 1))
+    start = min(range(len(logs) - run + 1), key=lambda i: statistics.median(logs[i : i + run]))
+    return start, start + run
 
 
 def since_low(logs: Sequence[float]) -> list[float]:
