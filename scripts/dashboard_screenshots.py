@@ -1,6 +1,6 @@
 """Screenshots of the dashboard over the demo's two runs, for the README and the docs.
 
-Run: python docs/snippets/dashboard_screenshots.py DEMO_DIR OUT_DIR
+Run: python scripts/dashboard_screenshots.py DEMO_DIR OUT_DIR
 (after `layerscope demo --out DEMO_DIR`; needs playwright and Debian's /usr/bin/chromium)
 """
 

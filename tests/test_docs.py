@@ -62,7 +62,7 @@ API_PAGES = {
 # pages show what they print, and running them again prints the same.
 STABLE_SNIPPETS = [
     "quickstart", "memory", "merging", "recorded", "call_order", "steps", "nan", "sql", "rules",
-    "precision", "attention", "run_directory", "custom_sink",
+    "precision", "attention", "run_directory", "custom_sink", "capture_grads", "capture_stash",
 ]  # fmt: skip
 
 

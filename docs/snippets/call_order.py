@@ -16,7 +16,7 @@ class Branching(nn.Module):
 
 model = Branching()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-with layerscope.watch(model, optimizer=optimizer, every=1) as scope:
+with layerscope.watch(model, optimizer=optimizer, every=1, run="runs/branching") as scope:
     for step in range(4):
         model.use_b = step == 2
         model(torch.ones(2, 3)).sum().backward()
@@ -25,3 +25,7 @@ with layerscope.watch(model, optimizer=optimizer, every=1) as scope:
 
 calls = scope.frame("calls")
 print(calls[calls.step >= 1].to_string(index=False))
+
+# As stored: a step that repeats the order of the step before is one row, event "same".
+run = layerscope.load("runs/branching")
+print(run.sql("select step from calls_stored where event = 'same'"))
