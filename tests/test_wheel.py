@@ -260,6 +260,20 @@ print(len(layerscope.load_capture("captures")))
 import os
 print(sorted(os.listdir("tb"))[0][:20])
 """,
+    "mlflow": _TRAIN.replace(
+        "run=run)", "run=run, sinks=[layerscope.sinks.MLflow(experiment='exp')])"
+    ).replace("import sys, torch, layerscope", "import sys, torch, layerscope, layerscope.sinks")
+    + """
+assert scope.failures == 0  # the sink started, wrote and closed on MLflow's default store
+import mlflow
+print(len(mlflow.search_runs(experiment_names=["exp"])))
+""",
+    "wandb": _TRAIN.replace(
+        "run=run)", "run=run, sinks=[layerscope.sinks.WandB(project='exp')])"
+    ).replace("import sys, torch, layerscope", "import sys, torch, layerscope, layerscope.sinks")
+    + """
+assert scope.failures == 0
+""",
     "cli": _TRAIN,  # then the command below
     "ui": _TRAIN,
     "transformers": """
@@ -278,9 +292,13 @@ _COMMANDS = {"cli": ["summary", "run"], "ui": ["report", "run", "-o", "run.html"
 def test_each_extra_alone_brings_what_its_feature_imports(tmp_path, wheel, extra):
     python = bare_venv(tmp_path / "venv", wheel, extra)
     argv = [str(python), "-c", _FEATURES[extra]]
-    if extra not in ("", "capture", "tensorboard", "transformers"):  # these write no run
-        argv.append("run")
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    if extra not in ("", "capture", "tensorboard", "transformers", "mlflow", "wandb"):
+        argv.append("run")  # the others write no run
+    environment = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    environment.pop("MLFLOW_TRACKING_URI", None)  # MLflow's default store
+    done = subprocess.run(
+        argv, capture_output=True, text=True, cwd=tmp_path, timeout=300, env=environment
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     if extra in _COMMANDS:
         command = [str(python.parent / "layerscope"), *_COMMANDS[extra]]
