@@ -63,6 +63,7 @@ API_PAGES = {
 STABLE_SNIPPETS = [
     "quickstart", "memory", "merging", "recorded", "call_order", "steps", "nan", "sql", "rules",
     "precision", "attention", "run_directory", "custom_sink", "capture_grads", "capture_stash",
+    "selection", "noise_scale",
 ]  # fmt: skip
 
 
@@ -173,3 +174,11 @@ def _same_line(a: str, b: str) -> bool:
     a, b = _KERNEL.sub("", a), _KERNEL.sub("", b)
     numbers = zip(_NUMBER.findall(a), _NUMBER.findall(b), strict=True)
     return all(math.isclose(float(x), float(y), rel_tol=1e-4) for x, y in numbers)
+
+
+def test_the_help_snippet_shows_what_the_command_prints() -> None:
+    command = Path(sys.executable).parent / "layerscope"  # the console script, as a user runs it
+    result = subprocess.run(
+        [str(command), "--help"], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert (SNIPPETS / "help.out").read_text() == "$ layerscope --help\n" + result.stdout
