@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from live_training import LiveTraining
 from test_ui_api import train_rows
-from ui_runs import LINEAR_HISTOGRAM, Server
+from torch import nn
+from ui_runs import LINEAR_HISTOGRAM, Server, _alert, record, write_alerts
 
 import layerscope
 from layerscope.ui._encode import unpack
@@ -22,6 +23,12 @@ def test_heat_map_names_the_module_type_of_each_layer(pictures, pictures_root):
     assert answer["types"] == [types[name] for name in answer["layers"]]
     assert answer["types"] == ["Linear", "Tanh", "Linear"]
     assert pictures.json("/api/runs/dead/heatmap?kind=activation")["types"][1] == "ReLU"
+
+
+def test_a_fraction_says_so_and_a_magnitude_does_not(pictures):
+    for stat, fraction in [("neg_frac", True), ("zero_frac", True), ("std", False)]:
+        answer = pictures.json(f"/api/runs/tanh/heatmap?kind=activation&stat={stat}")
+        assert answer["fraction"] is fraction
 
 
 def linear_bounds():
@@ -85,3 +92,12 @@ def test_the_overhead_of_a_run_being_written_says_what_is_not_known_yet(tmp_path
     meta = json.loads((root / "live" / "run.json").read_text())
     assert closed["live"] is False
     assert closed["writer_seconds"] == meta["writer_seconds"] > 0
+
+
+def test_the_alerts_of_a_step_come_in_model_order_not_as_text(tmp_path):
+    twelve = nn.Sequential(*[nn.Linear(4, 4) for _ in range(12)])
+    path = record(tmp_path / "deep", 1, model=twelve, nan_at=0)  # an alert: its file
+    write_alerts(path, [_alert(0, "dead", "warning", m, "activation") for m in ("10", "2", "1")])
+    with Server(tmp_path) as server:
+        listed = server.json("/api/runs/deep/alerts")["alerts"]
+    assert [alert["module"] for alert in listed] == ["1", "2", "10"]

@@ -82,6 +82,24 @@ def test_an_all_zero_tensor_draws_a_zero_bar(page, pictures):
     assert sum(heights.values()) == 1.0
 
 
+def test_a_fraction_is_coloured_from_0_to_1_whatever_its_spread(page, pictures):
+    # tanh's outputs: about half negative at every layer, so autoscaled colours would span a
+    # few hundredths around 0.5 and paint 0.49 as "none" and 0.51 as "all".
+    page.goto(pictures.url + "/#/run/tanh")
+    plotted(page, "heatmap")
+    page.select_option("#stat-select", "neg_frac")
+    page.wait_for_function(
+        "() => (document.getElementById('heatmap').data[0].colorbar.title.text || '')"
+        ".includes('neg_frac')",
+        timeout=WAIT_MS,
+    )
+    trace = page.evaluate("document.getElementById('heatmap').data[0]")
+    values = [v for row in trace["z"] for v in row if v is not None]
+    assert min(values) > 0  # the spread is narrower than the scale
+    assert max(values) < 1
+    assert (trace["zmin"], trace["zmax"], trace["zauto"]) == (0, 1, False)
+
+
 def test_a_log_axis_marks_the_values_it_cannot_draw(page, pictures):
     page.goto(pictures.url + "/#/run/nan")  # layer "0": NaN counts 0, 0, 0, 8, 48, 48
     plotted(page, "series")

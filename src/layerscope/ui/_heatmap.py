@@ -16,9 +16,13 @@ from layerscope.model import quote_identifier
 from layerscope.plots import LOG_SCALE_STATS, PICKED_MODULES
 from layerscope.store import Run
 from layerscope.ui._encode import integers, pack
-from layerscope.ui._lost import check_chart_stat, expression
+from layerscope.ui._lost import LOST_STATS, check_chart_stat, expression
 from layerscope.ui._overview import statistics
 from layerscope.ui._query import Selection, aggregate, check_module
+
+# Statistics that are fractions of a tensor's values: coloured from 0 to 1, not over their own
+# spread, where a layer losing 97% of its values would take the colour of "fine".
+FRACTIONS = frozenset({"zero_frac", "neg_frac", "pos_frac", *LOST_STATS})
 
 
 def _grouped(width: int) -> tuple[str, str]:
@@ -40,7 +44,8 @@ def heatmap(run: Run, selection: Selection, stat: str, width: int) -> dict[str, 
         ``layers`` and their module ``types`` (a compared run's layer is the same layer only
         where both match); ``steps`` and ``last_steps``, the first and last recorded step of each
         column; ``values``, a packed float32 (layers, columns) matrix, NaN where a layer has
-        no row; ``width``, ``aggregate`` and ``downsampled``, how columns were made.
+        no row; ``width``, ``aggregate`` and ``downsampled``, how columns were made;
+        ``log_scale`` and ``fraction``, how it is coloured (a fraction from 0 to 1).
 
     Raises:
         ValueError: an unknown statistic (naming ``stat``), kind or phase.
@@ -79,6 +84,7 @@ def heatmap(run: Run, selection: Selection, stat: str, width: int) -> dict[str, 
         "rank": selection.rank,
         "stat": stat,
         "log_scale": stat in LOG_SCALE_STATS,
+        "fraction": stat in FRACTIONS,
         "layers": layers,
         "types": [info.type for info in shown],
         "steps": first,

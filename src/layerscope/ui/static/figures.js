@@ -68,8 +68,10 @@ window.layerscope.figures = (function () {
 
   // Layers (rows, escaped names) by columns of steps; magnitudes on a log10 colour scale. An
   // exact 0 of a magnitude has no log: its cells get a colour of their own, in the legend, so
-  // that only cells without a reading stay blank. ``range``: the colour scale's [min, max].
+  // that only cells without a reading stay blank. ``range``: the colour scale's [min, max]; a
+  // fraction's is 0 to 1.
   function heatmap(answer, title, step, revision, range) {
+    if (answer.fraction && !answer.log_scale) range = [0, 1];
     const { raw, z } = drawnValues(answer);
     const log = answer.log_scale;
     const names = answer.layers.map((name) => escape(layerName(name)));
