@@ -100,6 +100,27 @@ def test_a_fraction_is_coloured_from_0_to_1_whatever_its_spread(page, pictures):
     assert (trace["zmin"], trace["zmax"], trace["zauto"]) == (0, 1, False)
 
 
+def test_the_histogram_over_steps_draws_zeros_and_never_a_count_of_0(page, pictures):
+    page.goto(pictures.url + "/#/run/dead")
+    plotted(page, "heatmap")
+    click_cell(page, "heatmap", 1, 1)  # the ReLU: every output an exact zero
+    page.wait_for_function(  # module 1's histogram drawn: its zeros row holds counts
+        "() => document.body.dataset.module === '1'"
+        " && ((document.getElementById('colordim').data || [{}])[0].z || [[]])[0]"
+        ".some(v => v !== null)",
+        timeout=WAIT_MS,
+    )
+    colour = page.evaluate(
+        "(() => { const t = document.getElementById('colordim').data[0];"
+        " return { y: t.y, z: t.z, zmin: t.zmin }; })()"
+    )
+    assert colour["y"][0] == "0"
+    assert colour["y"][-1] == "Inf/NaN"
+    assert all(value is not None and value > 0 for value in colour["z"][0])  # 48 zeros a step
+    assert all(value is None for row in colour["z"][1:] for value in row)  # nothing else
+    assert colour["zmin"] == 0
+
+
 def test_a_log_axis_marks_the_values_it_cannot_draw(page, pictures):
     page.goto(pictures.url + "/#/run/nan")  # layer "0": NaN counts 0, 0, 0, 8, 48, 48
     plotted(page, "series")

@@ -11,7 +11,7 @@ from typing import Any
 
 from layerscope.plots import DEFAULT_TENSOR, LOG_SCALE_STATS, PHASES
 from layerscope.stats import PRECISION_STATS
-from layerscope.store import Run
+from layerscope.store import Run, RunFileError
 from layerscope.ui._encode import integers, numbers
 from layerscope.ui._lost import lost_stats
 
@@ -135,10 +135,17 @@ def alerts(run: Run, rank: int) -> dict[str, Any]:
         " from alerts where rank = $rank",
         {"rank": int(rank)},
     )
-    place = {info.name: index for index, info in enumerate(run.modules)}
+    try:
+        place = {info.name: index for index, info in enumerate(run.modules)}
+    except RunFileError:  # a damaged module tree: the alerts still answer, modules as text
+        place = {}
     records = frame.to_dict("records")
     records.sort(  # stable: a step's alerts of one module keep the rules' order
-        key=lambda row: (int(row["step"]), place.get(str(row["module"]), len(place)))
+        key=lambda row: (
+            int(row["step"]),
+            place.get(str(row["module"]), len(place)),
+            str(row["module"]),
+        )
     )
     rows = []
     for record in records:

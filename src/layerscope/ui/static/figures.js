@@ -224,23 +224,34 @@ window.layerscope.figures = (function () {
   // The "color_dim" picture: slots by steps, colour log10(1 + count). Log2 magnitude slots, or
   // a linear histogram's slots in value units (its open slots as bands beyond lo and hi).
   function colorDim(answer, step, revision) {
-    const counts = unpack(answer.counts);
-    const z = counts.map((row) => row.map((v) => (v === null ? null : Math.log10(1 + v))));
     const linear = answer.scale === "linear";
-    const trace = { type: "heatmap", x: answer.steps, y: linear ? answer.bounds : answer.exponents, z: z,
-      customdata: counts, colorscale: "Viridis", colorbar: { title: { text: "log10(1+count)" } },
-      hovertemplate: "step %{x}<br>|x| in [2^%{y}, 2^(%{y}+1))<br>count %{customdata:.4g}<extra></extra>" };
+    let counts = unpack(answer.counts), names, y;
     if (linear) {
-      const names = linearSlotNames(answer).map(escape);
-      trace.text = counts.map((row, index) => row.map(() => names[index]));
-      trace.hovertemplate = "step %{x}<br>value %{text}<br>count %{customdata:.4g}<extra></extra>";
+      names = linearSlotNames(answer).map((name) => "value " + escape(name));
+      y = answer.bounds;
+    } else {
+      // Exact zeros (and subnormals) and Inf/NaN are slots of their own, below and above the
+      // magnitudes, as the distribution draws them.
+      counts = [answer.zeros, ...counts, answer.infinite];
+      y = ["0", ...answer.exponents.map(String), "Inf/NaN"];
+      names = ["0 or subnormal", ...answer.exponents.map((e) => `|x| in [2^${e}, 2^${e + 1})`), "Inf or NaN"];
     }
+    // A count of 0 is no colour: log10(1 + 0) is a colour of the scale, and where nothing else
+    // varies the autoscaled range puts it mid-scale.
+    const z = counts.map((row) => row.map((v) => (v === null || !(v > 0) ? null : Math.log10(1 + v))));
+    const trace = { type: "heatmap", x: answer.steps, y: y, z: z, customdata: counts, zmin: 0, zauto: false,
+      text: counts.map((row, index) => row.map(() => names[index])), colorscale: "Viridis",
+      colorbar: { title: { text: "log10(1+count)" } }, hoverongaps: false,
+      hovertemplate: "step %{x}<br>%{text}<br>count %{customdata:.4g}<extra></extra>" };
+    const top = z.reduce((most, row) => row.reduce((m, v) => (v !== null && v > m ? v : m), most), 0);
+    trace.zmax = top > 0 ? top : 1;
     const how = answer.downsampled ? `, mean of ${answer.width} steps` : "";
     const what = linear ? "linear value slots; NaN not counted" : "log2 |value| slots";
     const layout = { margin: { t: 30, r: 10, b: 40, l: 60 }, height: 260, uirevision: revision,
       title: { text: "histogram over steps (" + what + how + ")", font: { size: 13 } },
       xaxis: { title: { text: "step" } },
-      yaxis: Object.assign({ title: { text: linear ? "value" : "log2 |value|" } }, linear ? valueTicks(answer) : {}),
+      yaxis: Object.assign({ title: { text: linear ? "value" : "log2 |value|" } },
+        linear ? valueTicks(answer) : { type: "category", categoryorder: "array", categoryarray: y }),
       shapes: markStep(step) };
     return { data: [trace], layout };
   }
