@@ -121,6 +121,27 @@ def test_the_histogram_over_steps_draws_zeros_and_never_a_count_of_0(page, pictu
     assert colour["zmin"] == 0
 
 
+def test_each_scalar_is_drawn_on_an_axis_of_its_own_titled_with_its_name(page, pictures):
+    page.goto(pictures.url + "/#/run/tanh")  # its scalars: loss, and lr at 0.1 every step
+    plotted(page, "scalars")
+    axes = page.evaluate(
+        """() => {
+            const node = document.getElementById('scalars');
+            const layout = node._fullLayout;
+            return node.data.filter(t => t.name !== 'alerts').map(t => {
+                const axis = layout['yaxis' + (t.yaxis === 'y' ? '' : t.yaxis.slice(1))];
+                return [t.name, axis.title.text, axis.overlaying || null, axis.domain];
+            });
+        }"""
+    )
+    assert [(name, title, overlaying) for name, title, overlaying, _ in axes] == [
+        ("loss", "loss", None),  # the loss first
+        ("lr", "lr", None),
+    ]
+    (loss_bottom, _), (_, lr_top) = axes[0][3], axes[1][3]
+    assert lr_top < loss_bottom  # one below the other, not drawn over it
+
+
 def test_a_log_axis_marks_the_values_it_cannot_draw(page, pictures):
     page.goto(pictures.url + "/#/run/nan")  # layer "0": NaN counts 0, 0, 0, 8, 48, 48
     plotted(page, "series")

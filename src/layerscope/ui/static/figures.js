@@ -20,28 +20,36 @@ window.layerscope.figures = (function () {
       line: { color: ALERT_COLOURS[alert.severity] || ALERT_COLOURS.warning, width: 1, dash: "dot" } }));
   }
 
-  // Scalars over steps (loss on the left axis, the others on the right), alerts marked.
+  // Scalars over steps, each on an axis of its own titled with its name (a learning rate's
+  // schedule and a loss's fall each on the scale where its changes show), the loss first; a
+  // compared run's dotted beside the same name; alerts marked across all of them.
   function scalars(own, alerts, other, otherName, revision) {
+    const names = Array.from(new Set([...Object.keys(own.scalars), ...Object.keys(other ? other.scalars : {})]));
+    if (!names.length) return null;
+    names.sort((a, b) => (a === "loss" ? -1 : b === "loss" ? 1 : a < b ? -1 : a > b ? 1 : 0));
+    const axis = (index) => (index === 0 ? "y" : "y" + (index + 1));
     const data = [];
-    for (const [name, series] of Object.entries(own.scalars)) {
-      data.push({ x: series.steps, y: series.values, name: escape(name), mode: "lines", type: "scatter",
-                  yaxis: name === "loss" || data.length === 0 ? "y" : "y2" });
-    }
-    for (const [name, series] of Object.entries(other ? other.scalars : {})) {
-      data.push({ x: series.steps, y: series.values, name: escape(name + " (" + otherName + ")"), mode: "lines",
-                  type: "scatter", line: { dash: "dot" }, yaxis: name === "loss" ? "y" : "y2" });
-    }
-    if (!data.length) return null;
+    names.forEach((name, index) => {
+      const mine = own.scalars[name], theirs = other ? other.scalars[name] : undefined;
+      if (mine) data.push({ x: mine.steps, y: mine.values, name: escape(name), mode: "lines", type: "scatter", yaxis: axis(index) });
+      if (theirs) data.push({ x: theirs.steps, y: theirs.values, name: escape(name + " (" + otherName + ")"), mode: "lines",
+                              type: "scatter", line: { dash: "dot" }, yaxis: axis(index) });
+    });
+    const rows = names.length, gap = rows > 1 ? 0.06 / rows : 0;
+    const layout = { margin: { t: 10, r: 20, b: 40, l: 70 }, height: 60 + 130 * rows, uirevision: revision,
+      xaxis: { title: { text: "step" }, anchor: axis(rows - 1) }, shapes: alertLines(alerts), legend: { orientation: "h" } };
+    names.forEach((name, index) => {
+      const top = 1 - index / rows, bottom = 1 - (index + 1) / rows;
+      layout["yaxis" + (index === 0 ? "" : index + 1)] = { title: { text: escape(name) }, domain: [bottom + gap, top - gap],
+        anchor: "x" };
+    });
     if (alerts.length) {
-      data.push({ x: alerts.map((a) => a.step), y: alerts.map(() => 1), yaxis: "y3", mode: "markers", type: "scatter",
+      const overlay = "y" + (rows + 1);
+      data.push({ x: alerts.map((a) => a.step), y: alerts.map(() => 1), yaxis: overlay, mode: "markers", type: "scatter",
         name: "alerts", marker: { symbol: "triangle-down", size: 9, color: ALERT_COLOURS.error },
         text: alerts.map((a) => escape(a.rule + " " + layerName(a.module))), hovertemplate: "step %{x}<br>%{text}<extra></extra>" });
+      layout["yaxis" + (rows + 1)] = { overlaying: "y", range: [0, 1.05], visible: false, fixedrange: true };
     }
-    const layout = { margin: { t: 10, r: 50, b: 40, l: 60 }, height: 280, uirevision: revision,
-      xaxis: { title: { text: "step" } }, yaxis: { title: { text: "loss" } },
-      yaxis2: { overlaying: "y", side: "right", showgrid: false },
-      yaxis3: { overlaying: "y", range: [0, 1.05], visible: false, fixedrange: true },
-      shapes: alertLines(alerts), legend: { orientation: "h" } };
     return { data, layout };
   }
 
