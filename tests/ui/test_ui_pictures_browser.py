@@ -142,6 +142,21 @@ def test_each_scalar_is_drawn_on_an_axis_of_its_own_titled_with_its_name(page, p
     assert lr_top < loss_bottom  # one below the other, not drawn over it
 
 
+def test_an_unknown_run_says_so_and_leaves_no_error_unhandled(browser, pictures):
+    # Its answers are 404s, which the console logs: a page of its own, not the strict one.
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    opened = context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    opened.goto(pictures.url + "/#/run/no-such-run")
+    opened.wait_for_function(
+        "() => document.body.innerText.includes('no such run')", timeout=WAIT_MS
+    )
+    opened.wait_for_load_state("networkidle")  # every answer asked for has failed by now
+    context.close()
+    assert errors == []
+
+
 def test_a_log_axis_marks_the_values_it_cannot_draw(page, pictures):
     page.goto(pictures.url + "/#/run/nan")  # layer "0": NaN counts 0, 0, 0, 8, 48, 48
     plotted(page, "series")

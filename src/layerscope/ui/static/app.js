@@ -124,14 +124,14 @@
 
   // The answers an opening run needs with the defaults, asked before Plotly is parsed; those
   // that chooseDefaults() then asks for with the same arguments are already on their way.
+  // A failure (an unknown run) is shown where an answer is awaited, not here.
   function prefetch() {
     const rank = { rank: state.rank };
-    api(runPath(state.run));
-    api(runPath(state.run, "scalars"), rank);
-    api(runPath(state.run, "alerts"), rank);
-    api(runPath(state.run, "modules"));
-    api(runPath(state.run, "heatmap"), { kind: "activation", tensor: "out", phase: "train", rank: state.rank,
-                                        stat: "absmax" });
+    const asked = [api(runPath(state.run)), api(runPath(state.run, "scalars"), rank),
+      api(runPath(state.run, "alerts"), rank), api(runPath(state.run, "modules")),
+      api(runPath(state.run, "heatmap"), { kind: "activation", tensor: "out", phase: "train", rank: state.rank,
+                                          stat: "absmax" })];
+    for (const answer of asked) answer.catch(() => null);
   }
 
   function chooseDefaults() {
