@@ -5,11 +5,12 @@ written, many alerts; in the dashboard and in the report."""
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 from browsing import WAIT_MS, click_cell, hover_cell, plotted
 from live_training import LiveTraining
-from ui_runs import Server
+from ui_runs import Server, record
 
 from layerscope.ui._report import write_report
 
@@ -155,6 +156,21 @@ def test_an_unknown_run_says_so_and_leaves_no_error_unhandled(browser, pictures)
     opened.wait_for_load_state("networkidle")  # every answer asked for has failed by now
     context.close()
     assert errors == []
+
+
+def test_runs_of_one_name_in_two_folders_are_told_apart(page, tmp_path):
+    record(tmp_path / "baseline", 1)
+    shutil.copytree(tmp_path / "baseline", tmp_path / "baseline-old")  # its name stays
+    record(tmp_path / "other", 1)
+    with Server(tmp_path) as server:
+        page.goto(server.url + "/#/")
+        page.wait_for_selector("#runs-table tbody tr")
+        rows = page.locator("#runs-table tbody tr td:first-child").all_inner_texts()
+    assert sorted(" ".join(row.split()) for row in rows) == [
+        "baseline baseline",
+        "baseline baseline-old",
+        "other",  # a name of its own needs no folder
+    ]
 
 
 def test_a_log_axis_marks_the_values_it_cannot_draw(page, pictures):

@@ -11,11 +11,16 @@ window.layerscope.panels = (function () {
     return el("table", { id: id }, el("thead", {}, head), el("tbody", {}, rows));
   }
 
+  // Runs of one name in different folders are told apart by their folder, beside the name.
   function runs(listed) {
     if (!listed.length) return el("p", { class: "note" }, "no runs here yet");
+    const named = new Map();
+    for (const run of listed) named.set(run.name || run.id, (named.get(run.name || run.id) || 0) + 1);
+    const folder = (run) => (named.get(run.name || run.id) > 1 ? el("span", { class: "run-id" }, " " + run.id) : null);
     return table("runs-table", ["run", "status", "steps", "ranks", "started", "alerts"], listed.map((run) =>
       run.status === "unreadable" ? unreadableRun(run) : el("tr", { class: "run-row" },
-        el("td", {}, el("a", { href: "#/run/" + encodeURIComponent(run.id) }, run.name || run.id), partial(run.skipped)),
+        el("td", {}, el("a", { href: "#/run/" + encodeURIComponent(run.id) }, run.name || run.id), folder(run),
+          partial(run.skipped)),
         el("td", {}, el("span", { class: "status " + run.status }, run.status || "–")),
         el("td", { class: "num" }, number(run.steps)),
         el("td", { class: "num" }, number(run.ranks)),
