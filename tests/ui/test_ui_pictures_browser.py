@@ -220,6 +220,16 @@ def test_log_axes_label_decades_only(page, pictures, stat):
     assert all(is_decade(label) for label in labels), labels
 
 
+def test_a_log_axis_labels_its_decades_in_one_format_clear_of_its_minor_ticks(page, pictures):
+    page.goto(pictures.url + "/#/run/nan")
+    plotted(page, "series")
+    wide = page.evaluate("window.layerscope.figures.decadeAxis(2e-5, 0.03)")
+    assert wide["ticktext"] == ["1e-5", "1e-4", "1e-3", "1e-2", "1e-1"]  # not 0.001 among them
+    narrow = page.evaluate("window.layerscope.figures.decadeAxis(0.002, 0.3)")
+    assert narrow["ticktext"] == ["0.001", "0.01", "0.1", "1"]
+    assert wide["minor"]["ticks"] == "inside"  # the labels are outside
+
+
 def test_a_linear_histogram_is_drawn_in_value_units(
     page, pictures, pictures_root, browser, tmp_path
 ):

@@ -148,17 +148,20 @@ window.layerscope.figures = (function () {
              marker: { symbol: "square", size: 12, color: colour } };
   }
 
-  // A log axis labelled at powers of ten only, over whole decades from ``lo`` to ``hi`` (> 0).
+  // A log axis labelled at powers of ten only, over whole decades from ``lo`` to ``hi`` (> 0),
+  // all in one format: decimals where every decade reads short (0.001 to 10000), else 1eN.
+  // Its minor ticks point inside, clear of the labels.
   function decadeAxis(lo, hi) {
     const first = Math.floor(Math.log10(lo));
     const last = Math.max(Math.ceil(Math.log10(hi)), first + 1);
+    const plain = first >= -3 && last <= 4;
     const tickvals = [], ticktext = [];
     for (let power = first; power <= last; power++) {
       tickvals.push(Math.pow(10, power));
-      ticktext.push(power >= -3 && power <= 4 ? String(Math.pow(10, power).toFixed(Math.max(0, -power))) : "1e" + power);
+      ticktext.push(plain ? String(Math.pow(10, power).toFixed(Math.max(0, -power))) : "1e" + power);
     }
     return { type: "log", range: [first, last], tickmode: "array", tickvals, ticktext,
-             minor: { ticks: "outside", ticklen: 3, dtick: "D1", showgrid: false } };
+             minor: { ticks: "inside", ticklen: 3, dtick: "D1", showgrid: false } };
   }
 
   // Points of a series a log axis cannot draw (<= 0): markers on the axis' bottom edge.
@@ -315,5 +318,6 @@ window.layerscope.figures = (function () {
              hovertemplate: "value %{text}<br>fraction %{y:.4g}<extra></extra>" };
   }
 
-  return { markStep, scalars, sharedRange, heatmap, attention, series, colorDim, columnDistribution, distribution };
+  return { markStep, scalars, sharedRange, heatmap, attention, series, decadeAxis, colorDim, columnDistribution,
+           distribution };
 })();
