@@ -245,6 +245,9 @@ def test_a_linear_histogram_is_drawn_in_value_units(
         assert len(colour["y"]) == 11  # the edges of 10 slots: underflow, 8 bins, overflow
         assert colour["ticks"][0] == "< -1"
         assert colour["ticks"][-1] == "≥ 1"
+        # The edges between, the last one too; lo and hi only in the open slots' names, never
+        # a label of their own beside them.
+        assert colour["ticks"][1:-1] == ["-0.75", "-0.25", "0", "0.5", "0.75"]
         assert "log2" not in opened.evaluate(
             "document.getElementById('colordim').layout.title.text"
         )

@@ -208,14 +208,18 @@ window.layerscope.figures = (function () {
   }
 
   // A linear histogram's value axis: a few edges from lo to hi, and each open slot's band named.
+  // The open slots' names ("< lo", "≥ hi") at their bands' middles, which say lo and hi, and
+  // up to 5 of the edges between, spread evenly from the first to the last: no label beside
+  // the band's own.
   function valueTicks(answer) {
     const bounds = answer.bounds;
-    const edges = bounds.slice(1, -1);
-    const every = Math.max(1, Math.ceil((edges.length - 1) / 6));
+    const inner = bounds.slice(2, -2);
+    const shown = Math.min(inner.length, 5);
     const tickvals = [(bounds[0] + bounds[1]) / 2], ticktext = [answer.open_slots[0]];
-    for (let index = 0; index < edges.length; index += every) {
-      tickvals.push(edges[index]);
-      ticktext.push(String(Number(edges[index].toPrecision(4)) + 0));
+    for (let k = 0; k < shown; k++) {
+      const edge = inner[shown === 1 ? 0 : Math.round((k * (inner.length - 1)) / (shown - 1))];
+      tickvals.push(edge);
+      ticktext.push(String(Number(edge.toPrecision(4)) + 0));
     }
     tickvals.push((bounds[bounds.length - 2] + bounds[bounds.length - 1]) / 2);
     ticktext.push(answer.open_slots[1]);
