@@ -173,6 +173,36 @@ def test_runs_of_one_name_in_two_folders_are_told_apart(page, tmp_path):
     ]
 
 
+_BOXES = """([id, selectors]) => {
+    const node = document.getElementById(id);
+    return selectors.map(s => Array.from(node.querySelectorAll(s),
+                                         e => e.getBoundingClientRect().toJSON()));
+}"""
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return min(a["right"], b["right"]) > max(a["left"], b["left"]) and min(
+        a["bottom"], b["bottom"]
+    ) > max(a["top"], b["top"])
+
+
+def test_no_legend_or_axis_title_is_drawn_over_a_title_or_a_label_at_1000_px(browser, pictures):
+    context = browser.new_context(viewport={"width": 1000, "height": 1000})
+    opened = context.new_page()
+    opened.goto(pictures.url + "/#/run/dead?compare=tanh")  # its exact zeros: a legend
+    plotted(opened, "heatmap-compare")
+    plotted(opened, "distribution")
+    legends, titles, ticks, axis_titles = opened.evaluate(
+        _BOXES, ["heatmap", [".legend", ".gtitle", ".xtick text", ".xtitle"]]
+    )
+    [bars_ticks, bars_title] = opened.evaluate(_BOXES, ["distribution", [".xtick text", ".xtitle"]])
+    context.close()
+    assert legends
+    assert not [b for a in legends for b in titles + ticks + axis_titles if _overlap(a, b)]
+    assert bars_title
+    assert not [b for a in bars_title for b in bars_ticks if _overlap(a, b)]
+
+
 def test_a_log_axis_marks_the_values_it_cannot_draw(page, pictures):
     page.goto(pictures.url + "/#/run/nan")  # layer "0": NaN counts 0, 0, 0, 8, 48, 48
     plotted(page, "series")

@@ -100,10 +100,16 @@ window.layerscope.figures = (function () {
         hoverongaps: false, name: "0" });
       data.push(legendSwatch(ZERO_COLOUR, "0 (no log10)"));
     }
-    const layout = { margin: { t: 30, r: 10, b: 40, l: 120 }, height: Math.max(320, Math.min(900, 16 * names.length + 120)),
+    // The legend (the colour of zeros) below the axis' title, where no title or row name is:
+    // 60 px below the plot, in the plot's height.
+    const legend = data.length > 1;
+    const bottom = legend ? 90 : 40;
+    const height = Math.max(320, Math.min(900, 16 * names.length + 120)) + (legend ? 50 : 0);
+    const layout = { margin: { t: 30, r: 10, b: bottom, l: 120 }, height,
       uirevision: revision, title: { text: escape(title), font: { size: 13 } }, xaxis: { title: { text: "step" } },
       yaxis: { type: "category", autorange: "reversed", automargin: true }, shapes: markStep(step),
-      showlegend: data.length > 1, legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", xanchor: "left" } };
+      showlegend: legend,
+      legend: { orientation: "h", x: 0, y: -60 / (height - 30 - bottom), yanchor: "top", xanchor: "left" } };
     return { data: data, layout, names };
   }
 
@@ -294,10 +300,12 @@ window.layerscope.figures = (function () {
     const linear = shown.scale === "linear";
     const trace = linear ? linearBars(shown) : log2Bars(shown);
     const nothing = shown.fractions.some((f) => f > 0) || shown.zeros || shown.infinite ? "" : " · nothing counted";
-    const layout = { margin: { t: 30, r: 10, b: 40, l: 50 }, height: 300,
+    // The axes make room for their labels (a log2 slot's, turned, is long): none under a title.
+    const layout = { margin: { t: 30, r: 10, b: 40, l: 50 }, height: 320,
       title: { text: "step " + escape(shown.step) + nothing, font: { size: 13 } },
-      xaxis: linear ? Object.assign({ title: { text: "value (NaN not counted)" } }, valueTicks(shown))
-        : { title: { text: "|value| (log2 slots)" }, type: "category" },
+      xaxis: Object.assign({ automargin: true }, linear
+        ? Object.assign({ title: { text: "value (NaN not counted)", standoff: 8 } }, valueTicks(shown))
+        : { title: { text: "|value| (log2 slots)", standoff: 8 }, type: "category" }),
       yaxis: { title: { text: "fraction" } } };
     return { data: [trace], layout };
   }
