@@ -203,6 +203,17 @@ def test_no_legend_or_axis_title_is_drawn_over_a_title_or_a_label_at_1000_px(bro
     assert not [b for a in bars_title for b in bars_ticks if _overlap(a, b)]
 
 
+def test_compared_maps_of_the_same_layers_put_them_in_the_same_rows(page, pictures):
+    page.goto(pictures.url + "/#/run/dead?compare=tanh")  # 3 layers each; dead's has zeros
+    plotted(page, "heatmap-compare")
+    rows = page.evaluate(
+        "() => ['heatmap', 'heatmap-compare'].map(id => {"
+        " const axis = document.getElementById(id)._fullLayout.yaxis;"
+        " return [axis._offset, axis._length]; })"
+    )
+    assert rows[0] == rows[1]  # the same top and height: row for row
+
+
 def test_a_log_axis_marks_the_values_it_cannot_draw(page, pictures):
     page.goto(pictures.url + "/#/run/nan")  # layer "0": NaN counts 0, 0, 0, 8, 48, 48
     plotted(page, "series")

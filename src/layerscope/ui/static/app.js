@@ -273,7 +273,9 @@
       state.compare ? heatmapAnswer("heatmap-compare", state.compare, params) : null]);
     if (mine !== generation) return;
     const range = own && other ? figures.sharedRange([own, other]) : null;
-    await Promise.all([drawHeatmap("heatmap", state.run, own, range), drawHeatmap("heatmap-compare", state.compare, other, range)]);
+    const shape = own && other ? figures.sharedShape([own, other]) : null;
+    await Promise.all([drawHeatmap("heatmap", state.run, own, range, shape),
+      drawHeatmap("heatmap-compare", state.compare, other, range, shape)]);
     if (mine !== generation || !own) return;
     // The heat map drawn before a compared one was shown keeps its old width until resized.
     for (const id of ["heatmap", "heatmap-compare"]) {
@@ -306,7 +308,7 @@
     }
   }
 
-  async function drawHeatmap(id, run, data, range) {
+  async function drawHeatmap(id, run, data, range, shape) {
     if (!data) return;
     const node = document.getElementById(id);
     if (!data.layers.length) {
@@ -316,7 +318,7 @@
     }
     if (!node.classList.contains("js-plotly-plot")) node.replaceChildren();
     const title = run === state.run ? summary.name || run : run;
-    const figure = figures.heatmap(data, title, state.step, run + state.kind + state.tensor + state.stat, range);
+    const figure = figures.heatmap(data, title, state.step, run + state.kind + state.tensor + state.stat, range, shape);
     await Plotly.react(node, figure.data, figure.layout, PLOT_CONFIG);
     node.dataset.layers = String(data.layers.length);
     node.dataset.columns = String(data.steps.length);

@@ -61,6 +61,13 @@ window.layerscope.figures = (function () {
     return { raw, z };
   }
 
+  // What heat maps drawn side by side share so that their rows line up: the most layers of
+  // any, and whether any has exact zeros on a log scale (a legend).
+  function sharedShape(answers) {
+    const zeros = (answer) => answer.log_scale && unpack(answer.values).some((row) => row.some((v) => v !== null && v <= 0));
+    return { rows: Math.max(...answers.map((answer) => answer.layers.length)), legend: answers.some(zeros) };
+  }
+
   // The smallest and largest coloured value of heat maps drawn side by side: one scale for all.
   function sharedRange(answers) {
     let lo = Infinity, hi = -Infinity;
@@ -78,7 +85,7 @@ window.layerscope.figures = (function () {
   // exact 0 of a magnitude has no log: its cells get a colour of their own, in the legend, so
   // that only cells without a reading stay blank. ``range``: the colour scale's [min, max]; a
   // fraction's is 0 to 1.
-  function heatmap(answer, title, step, revision, range) {
+  function heatmap(answer, title, step, revision, range, shape) {
     if (answer.fraction && !answer.log_scale) range = [0, 1];
     const { raw, z } = drawnValues(answer);
     const log = answer.log_scale;
@@ -101,10 +108,12 @@ window.layerscope.figures = (function () {
       data.push(legendSwatch(ZERO_COLOUR, "0 (no log10)"));
     }
     // The legend (the colour of zeros) below the axis' title, where no title or row name is:
-    // 60 px below the plot, in the plot's height.
-    const legend = data.length > 1;
-    const bottom = legend ? 90 : 40;
-    const height = Math.max(320, Math.min(900, 16 * names.length + 120)) + (legend ? 50 : 0);
+    // 60 px below the plot, in the plot's height. Maps side by side share ``shape`` (their most
+    // rows, whether one has the legend): the same layers then sit in the same rows.
+    const legend = shape ? shape.legend : data.length > 1;
+    const bottom = legend ? 100 : 40;
+    const rows = shape ? shape.rows : names.length;
+    const height = Math.max(320, Math.min(900, 16 * rows + 120)) + (legend ? 50 : 0);
     const layout = { margin: { t: 30, r: 10, b: bottom, l: 120 }, height,
       uirevision: revision, title: { text: escape(title), font: { size: 13 } }, xaxis: { title: { text: "step" } },
       yaxis: { type: "category", autorange: "reversed", automargin: true }, shapes: markStep(step),
@@ -330,6 +339,6 @@ window.layerscope.figures = (function () {
              hovertemplate: "value %{text}<br>fraction %{y:.4g}<extra></extra>" };
   }
 
-  return { markStep, scalars, sharedRange, heatmap, attention, series, decadeAxis, colorDim, columnDistribution,
+  return { markStep, scalars, sharedRange, sharedShape, heatmap, attention, series, decadeAxis, colorDim, columnDistribution,
            distribution };
 })();
