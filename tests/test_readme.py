@@ -85,3 +85,21 @@ def test_the_scripts_use_the_torch_the_venv_holds(tmp_path):
     pip, said = _install_torch(tmp_path, has_torch=True)
     assert pip == []
     assert "torch 2.13.0, found in .venv" in said
+
+
+def test_the_diagnosis_figures_are_the_benchmarks():
+    # BENCHMARKS.md's are written by `python benchmarks/diagnosis.py --write`; the README's by hand.
+    measured = re.findall(
+        r"^- (default|every=10): \*\*(\d+) right out of (\d+)\*\*",
+        (ROOT / "BENCHMARKS.md").read_text(),
+        flags=re.M,
+    )
+    said = re.search(
+        r"With the default schedule (\d+) of (\d+) are right and (\d+) of (\d+) with\s+`every=10`",
+        (ROOT / "README.md").read_text(),
+    )
+    assert said is not None
+    assert [(schedule, right, total) for schedule, right, total in measured] == [
+        ("default", said[1], said[2]),
+        ("every=10", said[3], said[4]),
+    ]
