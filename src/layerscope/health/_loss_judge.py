@@ -153,15 +153,10 @@ class LossJudge:
         if not moved:
             return []
         self._pending = None
+        at = moved[0][1]  # the recorded step that shows them
         return [
             self._alert(
-                moved[0][1],
-                pending.value,
-                pending.threshold,
-                pending.told,
-                moved,
-                pending.since,
-                by=moved[0][1],
+                at, pending.value, pending.threshold, pending.told, moved, pending.since, True
             )
         ]
 
@@ -173,15 +168,16 @@ class LossJudge:
         told: str,
         moved: Moved,
         since: tuple[int, int],
-        by: int | None = None,
+        later: bool = False,
     ) -> Alert:
+        """The alert of a spike; ``later``: a second one, at ``step``, where the layers show."""
         first: tuple[str, str, str] = moved[0][0] if moved else ("", "", "")
         named = "; ".join(
             f"{module or 'the model'} {kind} {tensor} (from step {at})"
             for (module, kind, tensor), at in moved[:3]
         )
         low_at = f"step {since[0]}" if since[0] == since[1] else f"steps {since[0]}-{since[1]}"
-        when = "" if by is None else f"by step {by}, "
+        when = f"by step {step}, " if later else ""
         cause = (
             f"; {when}the scale moved first in: {named} (3 times off its recent steps' or "
             f"its scale at the loss's low, {low_at})"

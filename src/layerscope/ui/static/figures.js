@@ -61,11 +61,19 @@ window.layerscope.figures = (function () {
     return { raw, z };
   }
 
+  // The cells of a log-scale heat map that hold an exact 0 (0, else null), which a log cannot
+  // colour; null where there is none, or the scale is not a log.
+  function zeroCells(answer, raw) {
+    if (!answer.log_scale) return null;
+    const zeros = raw.map((row) => row.map((v) => (v !== null && v <= 0 ? 0 : null)));
+    return zeros.some((row) => row.some((v) => v !== null)) ? zeros : null;
+  }
+
   // What heat maps drawn side by side share so that their rows line up: the most layers of
-  // any, and whether any has exact zeros on a log scale (a legend).
+  // any, and whether any has exact zeros (a legend).
   function sharedShape(answers) {
-    const zeros = (answer) => answer.log_scale && unpack(answer.values).some((row) => row.some((v) => v !== null && v <= 0));
-    return { rows: Math.max(...answers.map((answer) => answer.layers.length)), legend: answers.some(zeros) };
+    return { rows: Math.max(...answers.map((answer) => answer.layers.length)),
+             legend: answers.some((answer) => zeroCells(answer, unpack(answer.values)) !== null) };
   }
 
   // The smallest and largest coloured value of heat maps drawn side by side: one scale for all.
@@ -100,8 +108,8 @@ window.layerscope.figures = (function () {
       hoverongaps: false };
     if (range) Object.assign(trace, { zmin: range[0], zmax: range[1], zauto: false });
     const data = [trace];
-    const zeros = log ? raw.map((row) => row.map((v) => (v !== null && v <= 0 ? 0 : null))) : null;
-    if (zeros && zeros.some((row) => row.some((v) => v !== null))) {
+    const zeros = zeroCells(answer, raw);
+    if (zeros) {
       data.push({ type: "heatmap", x: answer.steps, y: names, z: zeros, customdata: raw, text: text,
         colorscale: [[0, ZERO_COLOUR], [1, ZERO_COLOUR]], showscale: false, hovertemplate: hovertemplate,
         hoverongaps: false, name: "0" });
