@@ -269,3 +269,74 @@ def test_dead_units_counts_features_of_vectors_and_channels_of_images():
     images[0, 3] = 0.0  # zero in one sample only: alive
     assert float(dead_units(images)) == pytest.approx(1 / 8)
     assert float(dead_units(torch.zeros(5))) == 0.0  # no units to speak of
+
+
+def _head_from_zero(steps: int = 101, **watch: object) -> layerscope.Scope:
+    """An MLP on random class templates in noise, its head initialised at zero (as timm's
+    vision transformers start theirs)."""
+    torch.manual_seed(0)
+    model = mlp([64, 64, 64, 10])
+    with torch.no_grad():
+        model[-1].weight.zero_()
+        model[-1].bias.zero_()
+    generator = torch.Generator().manual_seed(0)
+    templates = 0.5 * torch.randn(10, 64, generator=generator)  # learned in 100 steps
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    # Steps 0-9, then 100, by default.
+    with layerscope.watch(model, optimizer=optimizer, **watch) as scope:  # type: ignore[arg-type]
+        for _ in range(steps):
+            y = torch.randint(0, 10, (64,), generator=generator)
+            x = templates[y] + torch.randn(64, 64, generator=generator)
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scope.step(loss=loss)
+    return scope
+
+
+def test_a_head_initialised_at_zero_grows_to_the_models_scale_without_a_drift_alert():
+    scope = _head_from_zero()
+    outputs = scope.frame()
+    head = outputs[(outputs.module == "4") & (outputs.kind == "activation")]
+    rms = head.l2 / head.numel**0.5
+    start, end = rms[(head.step >= 1) & (head.step <= 5)].median(), rms[head.step == 100].iloc[0]
+    assert end / start > 100  # grown far more than the rule's factor from its own start
+    assert _alerts(scope).empty
+
+
+def test_an_output_grown_a_hundredfold_past_the_models_scale_is_still_drift():
+    model = mlp([8, 16, 16, 1])
+    with torch.no_grad():
+        model[-1].weight.mul_(1e-3)  # starts near zero, far below the rest
+        model[-1].bias.zero_()
+    with layerscope.watch(model, every=1) as scope:
+        for step in range(12):
+            with torch.no_grad():
+                if step >= 5:
+                    model[-1].weight.mul_(10.0)  # then runs away: 10 times a step
+            model(torch.randn(32, 8)).sum().backward()
+            model.zero_grad()
+            scope.step()
+    drift = _alerts(scope, "activation_drift")
+    first = drift[drift.module == "4"].iloc[0]
+    # 100 times its own start by step 7, but only a climb past 10 times the model's outputs'
+    # median start (about 0.3) at step 9 says drift.
+    assert first.step == 9
+    assert 10 < first.value < 100
+    assert "it started near zero, so its growth counts from 0.2" in first.message
+    assert "compounds" in first.message
+
+
+def test_a_bias_that_stays_near_zero_is_not_stepped_too_far():
+    # Balanced classes keep the head's bias near zero, where each of Adam's steps, about its
+    # rate, is a fifth of the bias or more: no measure of the rate for a vector.
+    scope = _head_from_zero(41, every=1, kinds=("activation", "weight", "update"))
+    updates = scope.frame()
+    bias = updates[(updates.module == "4") & (updates.tensor == "bias")]
+    ratio = (
+        bias[bias.kind == "update"].set_index("step").l2
+        / bias[bias.kind == "weight"].set_index("step").l2
+    )
+    assert (ratio[ratio.index >= 20] > 0.1).any()
+    assert _alerts(scope).empty

@@ -12,7 +12,7 @@ from layerscope.health._config import RULES, AlertsConfig, parse_alerts
 from layerscope.health._dead_units import dead_units
 from layerscope.health._eval_mode import EVAL_MODE_SCALAR
 from layerscope.health._monitor import HealthMonitor
-from layerscope.health._update_ratio import left_out_of
+from layerscope.health._parameter_sets import left_out_of
 from layerscope.health._wrong_loss import WRONG_LOSS_SCALAR, WRONG_LOSSES
 
 __all__ = [

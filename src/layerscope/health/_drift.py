@@ -18,6 +18,16 @@ CLIMB = 4  # recorded steps in a row an output grew at, to be climbing
 RISE = 1.5  # how many times its scale at the recorded step before, at each of them
 
 
+def floored(start: float, base: float) -> str:
+    """What a message says of growth measured from ``base``, above the output's ``start``."""
+    if not base > start:
+        return ""
+    return (
+        f"; it started near zero, so its growth counts from {base:.3g}, the median start of "
+        "the model's outputs"
+    )
+
+
 class ActivationDrift:
     """The root mean square of each output against its start.
 
@@ -28,6 +38,9 @@ class ActivationDrift:
     than at the recorded step before at each of its last ``CLIMB`` recorded steps. Healthy
     growth slows as it goes (a layer waking up, logits that sharpen); a climb that compounds
     step after step is an instability feeding itself, which reaches ``factor`` only later.
+    Growth is measured from the larger of its start and the median start of the model's
+    outputs (those known at earlier steps): a head initialised at zero starts far below the
+    rest, and growing to their scale is learning, not drift.
 
     Options: ``factor`` (100: that many times larger or smaller), ``steps`` (1 recorded step:
     the next one may be a hundred steps later), ``baseline`` (5); back within
@@ -48,6 +61,7 @@ class ActivationDrift:
         self._first = torch.zeros((0, self._baseline), dtype=torch.float64)
         self._first_step = torch.zeros(0, dtype=torch.int64)
         self._start = torch.zeros(0, dtype=torch.float64)
+        self._done_at = torch.zeros(0, dtype=torch.int64)  # the step each start was complete
         # By (module, tensor) id: its last scale, and the recorded steps in a row up to it at
         # which it grew ``RISE`` times.
         self._last = torch.zeros(0, dtype=torch.float64)
@@ -73,9 +87,11 @@ class ActivationDrift:
             self._found(*(take(column, base) for column in (keys, seen, rms, steps)))
         climbing = self._rose(keys, views, rms) >= CLIMB
         # A row judged against its start: one after its baseline's steps.
-        change = rms / take(self._start, keys)
-        out = (change > self._factor) | (change < 1 / self._factor)
-        out |= climbing & (change > math.sqrt(self._factor))
+        start = take(self._start, keys)
+        floors = self._floors(flush)
+        grown = rms / torch.fmax(start, take(floors, views))
+        out = (grown > self._factor) | (rms / start < 1 / self._factor)
+        out |= climbing & (grown > math.sqrt(self._factor))
         size = len(self._seen)
         judged = ~founding
         chosen = judged & followed(keys, judged & out, self._episodes.active(), size)
@@ -84,8 +100,20 @@ class ActivationDrift:
         columns = (views, at, keys, climbing)
         rows = sorted(zip(*(take(c, picked).tolist() for c in columns), strict=True))
         for view, row, key, climbed in rows:
-            found += self._judge(flush, view, row, key, climbed)
+            found += self._judge(flush, view, row, key, climbed, float(floors[view]))
         return found
+
+    def _floors(self, flush: Flush) -> torch.Tensor:
+        """By view: the median start of the outputs complete at an earlier step; NaN if none.
+
+        The lower of two middles, as ``torch.median``.
+        """
+        floors = torch.full((len(flush.views),), math.nan, dtype=torch.float64)
+        for index, view in enumerate(flush.views):
+            known = self._start[self._done_at < view.step]
+            if len(known):
+                floors[index] = known.sort().values[(len(known) - 1) // 2]
+        return floors
 
     def _rose(self, keys: torch.Tensor, views: torch.Tensor, rms: torch.Tensor) -> torch.Tensor:
         """By row: the recorded steps in a row, up to its own, its scale grew ``RISE`` times at.
@@ -111,6 +139,8 @@ class ActivationDrift:
             self._first = torch.cat([self._first, blank])
             self._first_step = torch.cat([self._first_step, torch.zeros(more, dtype=torch.int64)])
             self._start = torch.cat([self._start, torch.full((more,), math.nan)]).double()
+            never = torch.full((more,), torch.iinfo(torch.int64).max, dtype=torch.int64)
+            self._done_at = torch.cat([self._done_at, never])
             self._last = torch.cat([self._last, torch.full((more,), math.nan)]).double()
             self._rises = torch.cat([self._rises, torch.zeros(more, dtype=torch.int64)])
 
@@ -121,7 +151,9 @@ class ActivationDrift:
         put_at(self._first, keys, seen, rms)
         opening = (seen == 0).nonzero().flatten()
         put(self._first_step, take(keys, opening), take(steps, opening))
-        full = take(keys, (seen == self._baseline - 1).nonzero().flatten())
+        completing = (seen == self._baseline - 1).nonzero().flatten()
+        full = take(keys, completing)
+        put(self._done_at, full, take(steps, completing))
         if len(full):
             ordered = take(self._first, full).sort(dim=1).values
             middle = self._baseline // 2
@@ -130,11 +162,16 @@ class ActivationDrift:
                 median = (ordered[:, middle - 1] + median) / 2
             put(self._start, full, median)
 
-    def _judge(self, flush: Flush, view: int, row: int, key: int, climbing: bool) -> list[Found]:
+    def _judge(
+        self, flush: Flush, view: int, row: int, key: int, climbing: bool, floor: float
+    ) -> list[Found]:
         reading = flush.reading(row)
         rms = reading.rms
         start, start_step = float(self._start[key]), int(self._first_step[key])
-        change = rms / start
+        # Growth counts from the floor too (max(): a NaN floor is none); between the start and
+        # the floor an output has not changed.
+        base = max(start, floor) if rms > start else start
+        change = max(rms / base, 1.0) if rms > start else rms / start
         far = change > self._factor or change < 1 / self._factor
         # A climb is its own confirmation: it held at each of its last CLIMB recorded steps.
         climbed = climbing and change > math.sqrt(self._factor)
@@ -166,7 +203,7 @@ class ActivationDrift:
                 f"{'grown' if change > 1 else 'shrunk'} {max(change, 1 / change):.3g} "
                 f"times in scale since its first recorded steps (root mean square "
                 f"{start:.3g} from step {start_step} on, {rms:.3g} at step "
-                f"{flush.views[view].step}){climb}"
+                f"{flush.views[view].step}{floored(start, base)}){climb}"
             ),
         )
         return [(view, (row,), alert)]

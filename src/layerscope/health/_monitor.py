@@ -29,7 +29,8 @@ from layerscope.health._rate_bound import RateNote
 from layerscope.health._readings import read_flush
 from layerscope.health._roots import Roots
 from layerscope.health._scaler_skips import ScalerSkips
-from layerscope.health._update_ratio import UpdateRatio, left_out_of, matrices_of
+from layerscope.health._parameter_sets import left_out_of, matrices_of
+from layerscope.health._update_ratio import UpdateRatio
 from layerscope.health._wrong_loss import WrongLoss
 from layerscope.model import AttentionRow, CallEvent, ModuleInfo, StatsRows
 

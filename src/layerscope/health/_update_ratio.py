@@ -20,11 +20,10 @@ noise to apply to it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from layerscope.health._alert import Alert, Found
 from layerscope.health._codes import FIRST_CALL, KIND, PAIR, UPDATE, WEIGHT, WEIGHT_GRAD, Codes
@@ -48,36 +47,6 @@ _NEGLIGIBLE = 1e-4
 _EARLY = 8.0
 
 
-def left_out_of(
-    targets: Iterable[tuple[str, nn.Module]], optimizers: Sequence[torch.optim.Optimizer]
-) -> frozenset[tuple[str, str]] | None:
-    """The watched modules' own parameters that need a gradient and no optimizer steps.
-
-    None where no optimizer is known.
-    """
-    if not optimizers:
-        return None
-    stepped = {
-        id(p) for optimizer in optimizers for g in optimizer.param_groups for p in g["params"]
-    }
-    return frozenset(
-        (name, tensor)
-        for name, module in targets
-        for tensor, parameter in module.named_parameters(recurse=False)
-        if parameter.requires_grad and id(parameter) not in stepped
-    )
-
-
-def matrices_of(targets: Iterable[tuple[str, nn.Module]]) -> frozenset[tuple[str, str]]:
-    """The watched modules' own parameters of two dimensions or more: weight matrices."""
-    return frozenset(
-        (name, tensor)
-        for name, module in targets
-        for tensor, parameter in module.named_parameters(recurse=False)
-        if parameter.dim() >= 2
-    )
-
-
 class UpdateRatio:
     """||update|| / ||weight|| of each parameter, or its being exactly zero.
 
@@ -88,7 +57,10 @@ class UpdateRatio:
     parameters, and a matrix that starts at zero (seen as a weight equal to its update), are
     judged from step ``warmup`` on: a parameter that starts at zero (a bias, a LayerNorm's
     shift, a layer initialised to zero) has updates as large as itself in its first steps,
-    as it should. A
+    as it should. Where the matrices are known, only they are judged too large: a vector's
+    relative step (a bias, a norm's gain or shift) is no measure of the rate, since a bias
+    that stays near zero by design (a balanced classifier's, started at zero) has Adam steps
+    as large as itself at any healthy rate. A
     ratio of exactly zero is judged at once. Nothing is judged at a step with no update
     (marked skipped; without an optimizer, one where no watched parameter changed), nor for a
     parameter whose gradient is below 1e-4 times the median of the step's parameter gradients
@@ -113,6 +85,7 @@ class UpdateRatio:
         # (module, tensor) of the parameters of two dimensions or more; None: not known.
         self._matrices = matrices or frozenset()
         self._matrix = torch.zeros(0, dtype=torch.bool)  # by (module, tensor) id
+        self._vectors_spared = matrices is not None  # too large: matrices only
         self._from_zero = torch.zeros(0, dtype=torch.bool)  # by id: seen starting at zero
         self._warmup = warmup
         # Parameters that need a gradient but are in no group of the optimizer watch() was
@@ -197,7 +170,8 @@ class UpdateRatio:
                 )
             )
         )
-        out = (ratio < self._low) | (ratio > self._high)
+        sized = take(self._matrix, keys) if self._vectors_spared else torch.ones_like(judge)
+        out = (ratio < self._low) | ((ratio > self._high) & sized)
         chosen = judge & followed(keys, judge & out, self._episodes.active(), size)
         picked = chosen.nonzero().flatten()
         columns = (
@@ -206,6 +180,7 @@ class UpdateRatio:
             take(ratio, picked),
             take(keys, picked),
             take(has_grad, picked),
+            take(sized, picked),
         )
         for at in sorted(zip(*(column.tolist() for column in columns), strict=True)):
             found += self._judge(flush, *at)
@@ -345,12 +320,25 @@ class UpdateRatio:
         return found, covered
 
     def _judge(
-        self, flush: Flush, view: int, row: int, ratio: float, key: int, has_grad: bool
+        self,
+        flush: Flush,
+        view: int,
+        row: int,
+        ratio: float,
+        key: int,
+        has_grad: bool,
+        sized: bool,
     ) -> list[Found]:
-        holds = ratio < self._low or ratio > self._high
-        clear = self._low * 10 <= ratio <= self._high / 10
+        """The alert of one row, if its episode says so.
+
+        ``sized``: whether a ratio above ``high`` counts (a matrix's, or any where the matrices
+        are not known).
+        """
+        too_large = sized and ratio > self._high
+        holds = ratio < self._low or too_large
+        clear = self._low * 10 <= ratio and (ratio <= self._high / 10 or not sized)
         state = True if holds else (False if clear else None)
-        early = flush.views[view].step < self._warmup and ratio > self._high * _EARLY
+        early = flush.views[view].step < self._warmup and too_large and ratio > self._high * _EARLY
         times = self._patience if early else 1  # one early finding counts as ``steps``
         if not any(self._episodes.observe(key, state) for _ in range(times)):
             return []

@@ -7,6 +7,7 @@ import statistics
 from typing import Any, ClassVar
 
 from layerscope.health._alert import Alert
+from layerscope.health._drift import floored
 from layerscope.health._episodes import Episodes
 from rowwise.readings import ModuleOrder, StepView
 
@@ -42,6 +43,9 @@ class ActivationDrift:
         if view.phase != "train" or view.sentinel or view.skipped:
             return []
         alerts = []
+        # Growth counts from at least the median start of the outputs known at earlier steps.
+        starts = sorted(start for _, start in self._start.values())
+        floor = starts[(len(starts) - 1) // 2] if starts else math.nan
         for reading in view.first_calls("activation"):
             rms = reading.rms
             if reading.nonfinite or not rms > 0:
@@ -59,7 +63,8 @@ class ActivationDrift:
                     del self._first[key]
                 continue
             start_step, start = self._start[key]
-            change = rms / start
+            base = max(start, floor) if rms > start else start
+            change = max(rms / base, 1.0) if rms > start else rms / start
             far = change > self._factor or change < 1 / self._factor
             climbed = rises >= CLIMB and change > math.sqrt(self._factor)
             clear = 1 / math.sqrt(self._factor) < change < math.sqrt(self._factor)
@@ -90,8 +95,8 @@ class ActivationDrift:
                         f"({self._order.type_of(reading.module)}) has "
                         f"{'grown' if change > 1 else 'shrunk'} {max(change, 1 / change):.3g} "
                         f"times in scale since its first recorded steps (root mean square "
-                        f"{start:.3g} from step {start_step} on, {rms:.3g} at step {view.step})"
-                        f"{climb}"
+                        f"{start:.3g} from step {start_step} on, {rms:.3g} at step "
+                        f"{view.step}{floored(start, base)}){climb}"
                     ),
                 )
             )

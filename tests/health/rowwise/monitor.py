@@ -14,6 +14,7 @@ from layerscope.health._alert import Alert
 from layerscope.health._config import AlertsConfig
 from layerscope.health._loss_collapse import LossCollapse
 from layerscope.health._not_learning import NotLearning
+from layerscope.health._parameter_sets import left_out_of
 from layerscope.model import CallEvent, ModuleInfo, StatsRows
 from rowwise.dead import Dead
 from rowwise.drift import ActivationDrift
@@ -22,7 +23,7 @@ from rowwise.loss_spike import LossSpike
 from rowwise.nonfinite import NonFinite
 from rowwise.readings import ModuleOrder, step_views
 from rowwise.scaler_skips import ScalerSkips
-from rowwise.update_ratio import UpdateRatio, left_out_of
+from rowwise.update_ratio import UpdateRatio
 
 _log = logging.getLogger("layerscope")
 _LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}

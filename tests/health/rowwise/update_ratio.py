@@ -20,11 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
-
-import torch
-from torch import nn
 
 from layerscope.health._alert import Alert
 from layerscope.health._episodes import Episodes
@@ -37,26 +33,6 @@ _VISIBLE = 1e-3  # a gradient this large against its weight moves it past roundi
 # own, as much as float32's rounding.
 _NEGLIGIBLE = 1e-4
 _EARLY = 8.0  # before the warm-up, a matrix's ratio this many times ``high`` is judged
-
-
-def left_out_of(
-    targets: Iterable[tuple[str, nn.Module]], optimizers: Sequence[torch.optim.Optimizer]
-) -> frozenset[tuple[str, str]] | None:
-    """The watched modules' own parameters that need a gradient and no optimizer steps.
-
-    None where no optimizer is known.
-    """
-    if not optimizers:
-        return None
-    stepped = {
-        id(p) for optimizer in optimizers for g in optimizer.param_groups for p in g["params"]
-    }
-    return frozenset(
-        (name, tensor)
-        for name, module in targets
-        for tensor, parameter in module.named_parameters(recurse=False)
-        if parameter.requires_grad and id(parameter) not in stepped
-    )
 
 
 class UpdateRatio:
@@ -87,6 +63,7 @@ class UpdateRatio:
         self._order = order
         self._patience = int(steps)
         self._matrices = matrices or frozenset()
+        self._vectors_spared = matrices is not None
         self._from_zero: set[tuple[str, str]] = set()  # a weight seen equal to its update
         self._warmup = warmup
         # Parameters that need a gradient but are in no group of the optimizer watch() was
@@ -127,10 +104,13 @@ class UpdateRatio:
             early = ratio is not None and ratio > 0 and view.step < self._warmup
             if ratio is None or (early and (warming or not ratio > self._high * _EARLY)):
                 continue
-            holds = ratio < self._low or ratio > self._high
-            clear = self._low * 10 <= ratio <= self._high / 10
+            # Where the matrices are known, a vector's step is never judged too large.
+            sized = not self._vectors_spared or key in self._matrices
+            too_large = sized and ratio > self._high
+            holds = ratio < self._low or too_large
+            clear = self._low * 10 <= ratio and (ratio <= self._high / 10 or not sized)
             state = True if holds else (False if clear else None)
-            times = self._patience if early and ratio > self._high * _EARLY else 1
+            times = self._patience if early and too_large and ratio > self._high * _EARLY else 1
             if any(self._episodes.observe(key, state) for _ in range(times)):
                 alerts.append(self._alert(view, weight, ratio, grad is not None))
         return alerts
