@@ -24,10 +24,16 @@ float16 autocast with a GradScaler that starts at 2**24, so that its first steps
 and are skipped, as they are from the default scale on a GPU; ``eval-loop``, the BatchNorm
 CNN with a validation pass (``model.eval()``, a forward under ``torch.no_grad()``,
 ``model.train()``) every 10 steps, from before the first; ``clip``, gradients clipped to a
-norm of 1 (from about step 14, where the digits CNN's norm passes 1). An alert on these
-runs is a false alarm, unless it is "info". The rules' cost is the writer thread's CPU time
-in them, per flush (a flush holds 10 recorded steps by default) and per row of statistics
-they read.
+norm of 1 (from about step 14, where the digits CNN's norm passes 1); ``zero-head``, the digits
+CNN with its classifier initialised at zero (its logits grow from nothing, as timm's vision
+transformers' do); ``copy``, two transformer blocks learning to repeat 8 symbols after a
+separator, 90 steps: the loss falls slowly for 45 steps, then 22 times in 30 as the model
+finds how (a healthy collapse). The CNN workload's runs train on its shapes with labels
+that follow the images (each class a fixed pattern under noise twice its size): the overhead
+benchmark's random labels are data with no signal, which ``not_learning`` rightly warns of.
+An alert on these runs is a false alarm, unless it is "info". The rules' cost is the writer
+thread's CPU time in them, per flush (a flush holds 10 recorded steps by default) and per
+row of statistics they read.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 import layerscope
 import report  # run as a script
+from diagnosis_zoo.gpt import Block
 from workloads import WORKLOADS
 
 EVERY_KIND = ("activation", "grad", "weight", "weight_grad", "input", "update", "buffer")
@@ -116,6 +123,44 @@ def _finetuned(frozen_bn: bool) -> tuple[nn.Module, torch.optim.Optimizer, Batch
     return model, optimizer, lambda step: batch(step + 50), loss_fn
 
 
+SYMBOLS, COPIED = 10, 8
+
+
+class Copier(nn.Module):
+    """Two pre-LN transformer blocks that learn to repeat a sequence after a separator."""
+
+    def __init__(self, dim: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(SYMBOLS + 2, dim)  # the symbols, a separator, padding
+        self.position = nn.Embedding(2 * COPIED, dim)
+        self.blocks = nn.Sequential(*(Block(post_norm=False, dim=dim) for _ in range(2)))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, SYMBOLS + 2)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.position(torch.arange(tokens.shape[1]))
+        logits: torch.Tensor = self.head(self.norm(self.blocks(x)))
+        return logits
+
+
+def _copy() -> tuple[nn.Module, torch.optim.Optimizer, Batches, LossFn]:
+    """A transformer learning to copy: its loss falls slowly, then 22 times in 30 steps."""
+    model = Copier()
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(step)
+        symbols = torch.randint(2, SYMBOLS + 2, (32, COPIED), generator=generator)
+        sequence = torch.cat([symbols, torch.ones(32, 1, dtype=torch.long), symbols], dim=1)
+        targets = sequence[:, 1:].clone()
+        targets[:, :COPIED] = -100  # the first half cannot be predicted: only the copy counts
+        return sequence[:, :-1], targets
+
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3), batch, loss
+
+
 def _warmup(
     optimizer: torch.optim.Optimizer, warmup: int, steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
@@ -134,10 +179,30 @@ ATTENTION = {"gpt"}
 # The workload whose data (and, but for convbn, model) a healthy layout's run takes.
 _DATA = {"convbn-sgd": "cnn", "convbn-adamw": "cnn", "inspect": "cnn"}
 # Healthy recipes on the digits data: frozen backbones, schedules, AMP, validation, clipping.
-RECIPES = ["finetune", "finetune-frozen-bn", "warmup", "amp-fp16", "eval-loop", "clip"]
+RECIPES = [
+    "finetune", "finetune-frozen-bn", "warmup", "amp-fp16", "eval-loop", "clip", "zero-head",
+    "copy",
+]  # fmt: skip
+# Runs that need more than --steps to show what they are for: copy's loss falls from step 45.
+AT_LEAST = {"copy": 90}
 RUNS = [*WORKLOADS, "digits", "amp", *_DATA, *RECIPES]
 CLIP_NORM = 1.0
 VALIDATE_EVERY = 10
+
+
+# Each class's image: a fixed random pattern, seen through noise twice its size.
+_TEMPLATES = 0.5 * torch.randn(10, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+
+
+def _templates(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CNN workload's batch shape, with labels that follow the images.
+
+    The overhead benchmark's random labels are data with no signal, which ``not_learning``
+    warns of: a healthy run learns.
+    """
+    labels = torch.randint(0, 10, (256,), generator=generator)
+    noise = torch.randn(256, 1, 28, 28, generator=generator)
+    return _TEMPLATES[labels] + noise, labels
 
 
 def _setup(name: str) -> tuple[nn.Module, torch.optim.Optimizer, Batches, LossFn]:
@@ -146,6 +211,16 @@ def _setup(name: str) -> tuple[nn.Module, torch.optim.Optimizer, Batches, LossFn
         # Batches of 16 under AMP: the smaller the batch, the larger the loss's gradient, and
         # the scale makes it larger still.
         return _digits(16 if name.startswith("amp") else 64)
+    if name == "copy":
+        return _copy()
+    if name == "zero-head":
+        model, optimizer, batch, loss_fn = _digits()
+        head = model[-1]
+        assert isinstance(head, nn.Linear)
+        with torch.no_grad():  # as timm's vision transformers start their heads
+            head.weight.zero_()
+            head.bias.zero_()
+        return model, optimizer, batch, loss_fn
     if name.startswith("finetune"):
         return _finetuned(frozen_bn=name == "finetune-frozen-bn")
     if name == "eval-loop":
@@ -161,9 +236,10 @@ def _setup(name: str) -> tuple[nn.Module, torch.optim.Optimizer, Batches, LossFn
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(0)
+    make_batch = _templates if workload.name == "cnn" else workload.make_batch
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return workload.make_batch(generator)
+        return make_batch(generator)
 
     return model, optimizer, batch, workload.loss
 
@@ -315,7 +391,7 @@ def main() -> None:
     args = parser.parse_args()
     results = []
     for name in args.runs:
-        results.append(run(name, args.steps))
+        results.append(run(name, max(args.steps, AT_LEAST.get(name, 0))))
         print(f"{name}: done", file=sys.stderr)
     text = table(results)
     for r in results:
@@ -338,12 +414,12 @@ def main() -> None:
         report.replace_section(
             "Health rules on healthy runs (CPU)",
             f"Machine: {report.machine(torch.get_num_threads())}. Command: "
-            f"`{report.command('health.py')}`. {args.steps} steps of each run, every step "
-            "recorded with every kind (inputs, updates, buffers too), the default rules; gpt "
-            "with attention=True too (each head's attention entropy, for attention_collapse). "
-            "The "
-            "overhead benchmark's workloads train on random "
-            "data with AdamW at 1e-3; digits is examples/digits.py's CNN on scikit-learn's "
+            f"`{report.command('health.py')}`. {args.steps} steps of each run "
+            "(copy: 90), every step recorded with every kind (inputs, updates, buffers too), "
+            "the default rules; gpt with attention=True too (each head's attention entropy, "
+            "for attention_collapse). "
+            "The overhead benchmark's workloads train with AdamW at 1e-3 (on random data but "
+            "for the CNN's, below); digits is examples/digits.py's CNN on scikit-learn's "
             "digits with Adam at 3e-3; amp is that CNN with batches of 16 under bf16 autocast "
             "with a GradScaler at its default scale (65,536); convbn-sgd and convbn-adamw are "
             "convolutions with biases, each followed by BatchNorm, on the CNN workload's data "
@@ -355,7 +431,12 @@ def main() -> None:
             "up from 0 over 10 steps, then decays it to 0; amp-fp16 is float16 autocast with a "
             "GradScaler from 2**24 (its first steps overflow and are skipped); eval-loop "
             "validates every 10 steps (model.eval(), no_grad, model.train()); clip clips "
-            "gradients to a norm of 1. The rules run on the writer thread; their time there "
+            "gradients to a norm of 1; zero-head starts the digits CNN's classifier at zero; copy "
+            "(90 steps) is two transformer blocks learning to repeat 8 symbols, whose loss "
+            "falls slowly, then 22 times in 30 steps. "
+            "The CNN workload's runs here have labels that follow the images (each class a "
+            "fixed pattern under noise), not the overhead benchmark's random labels, which are "
+            "data with no signal. The rules run on the writer thread; their time there "
             "is not on the training thread.\n\n" + text,
         )
 

@@ -4,8 +4,9 @@ The Triton kernels run in triton's interpreter; every aten op goes through a dis
 that counts it. A watched training step and an unwatched copy's step run the same user ops,
 so the difference is layerscope's own: two Triton launches per activation and gradient, two
 per dtype group of each parameter kind, the update's three foreach ops, one foreach norm of
-the parameters an adaptive optimizer steps (the health rules' bound of its step), one
-concatenation per flush, and nothing that reads a value back. A group whose tensors moved
+the parameters an adaptive optimizer steps (the health rules' bound of its step), a dozen
+small ops for the spread of the model's output (``not_learning``'s), one concatenation per
+flush, and nothing that reads a value back. A group whose tensors moved
 since its last read (gradients that ``zero_grad()`` freed) sends its table of offsets anew:
 built on the host (``lift_fresh`` here), a non-blocking copy from pinned memory on a GPU. In
 every configuration (every kind, histogram and instrument; either sentinel), the training
@@ -43,6 +44,9 @@ _UPDATE_OPS = {"_foreach_copy_", "_foreach_neg_", "_foreach_add_"}
 _FLUSH_OPS = {"cat"}
 _RATE_OPS = {"_foreach_norm"}
 _TABLE_OPS = {"lift_fresh"}
+# The spread of the model's output (hooks._output_spread): its mean, the centred squares',
+# the units' means and theirs, their difference over the whole, kept within [0, 1], a root.
+_SPREAD_OPS = {"mean": 4, "sub": 2, "pow": 2, "div": 1, "nan_to_num": 1, "clamp": 1, "sqrt": 1}
 EVERY_KIND = ("input", "activation", "grad", "weight", "weight_grad", "update", "buffer")
 
 
@@ -166,7 +170,10 @@ def test_each_recorded_tensor_costs_two_launches_and_parameters_two_per_group(la
 
     own = watched - unwatched
     launched = {op: n for op, n in own.items() if op not in _FREE}
-    assert set(launched) <= _UPDATE_OPS | _FLUSH_OPS | _TABLE_OPS | _RATE_OPS, launched
+    allowed = _UPDATE_OPS | _FLUSH_OPS | _TABLE_OPS | _RATE_OPS | set(_SPREAD_OPS)
+    assert set(launched) <= allowed, launched
+    # The output's spread, once a recorded step (the model's output is float32: no copy).
+    assert all(launched[op] == n for op, n in _SPREAD_OPS.items()), launched
     assert launched.get("_foreach_norm", 0) == 1  # one optimizer, AdamW: one list
     # Three parameter dtypes: each foreach op runs once per list; one payload per flush; the
     # weights' and updates' tables are kept, the new gradients' sent again.

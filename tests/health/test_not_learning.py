@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from layerscope.health import HealthMonitor, parse_alerts
+from layerscope.hooks._rate_bounds import RateBounds
 
 # An MLP on the digits whose labels come from a second sampler: the loss stays at ln 10.
 SHUFFLED = [
@@ -72,6 +74,56 @@ def test_losses_it_cannot_judge_are_left_alone():
     assert _said(SHUFFLED, warning_steps=0) == [(19, "info", _said(SHUFFLED)[0][2])]
 
 
+def _said_with_output(
+    losses: list[float],
+    spread: float = 0.34,
+    width: int = 10,
+    rates: list[float] | None = None,
+) -> list[tuple[int, str, str]]:
+    """What a run says whose first ten steps are recorded: its output's spread and width,
+    and its optimizer's rate at each (``rates``; None: no rate noted, as of plain SGD)."""
+    monitor = HealthMonitor(parse_alerts(True), [])
+    scalars: list[tuple[int, str, float]] = []
+    for step, loss in enumerate(losses):
+        if step < 10:
+            if rates is not None:
+                monitor.note_rates(
+                    step,
+                    RateBounds(
+                        (("fc", "weight"),), ("Adam",), (rates[step],), (torch.tensor(1.0),), (100,)
+                    ),
+                )
+            monitor.note_output(step, torch.tensor(spread), width)
+        scalars.append((step, "loss", loss))
+    alerts = monitor.observe([], scalars)
+    return [(a.step, a.severity, a.message) for a in alerts if a.rule == "not_learning"]
+
+
+def test_a_classifier_at_chance_whose_output_follows_its_inputs_is_warned_of_early():
+    [(step, severity, message)] = _said_with_output(SHUFFLED, rates=[3e-3] * 10)
+    assert (step, severity) == (19, "warning")  # the 20th value, and nothing after
+    assert "do not follow its inputs as far as it can tell: it started at chance (ln 10" in message
+    assert "a spread of 0.34 at step 9" in message
+    assert "its rate has not risen since step 0" in message
+    assert "plateau before" not in message
+
+
+@pytest.mark.parametrize(
+    ("losses", "reading"),
+    [
+        (SHUFFLED, {"spread": 0.005, "rates": [3e-3] * 10}),  # the same output for all: a plateau
+        (SHUFFLED, {"rates": [3e-4 * (step + 1) for step in range(10)]}),  # a warm-up
+        (SHUFFLED, {}),  # no rate noted: it may be warming up
+        (SHUFFLED, {"rates": [0.0] * 10}),  # not stepped at all
+        ([loss / 2 for loss in SHUFFLED], {"rates": [3e-3] * 10}),  # far below chance: resumed
+        (SHUFFLED, {"width": 1, "rates": [3e-3] * 10}),  # no classes
+    ],
+)
+def test_what_does_not_show_the_targets_do_not_follow_keeps_it_a_note(losses, reading):
+    said = _said_with_output(losses, **reading)
+    assert [(step, severity) for step, severity, _ in said] == [(19, "info"), (99, "warning")]
+
+
 @pytest.mark.parametrize(
     ("options", "match"),
     [
@@ -83,3 +135,34 @@ def test_losses_it_cannot_judge_are_left_alone():
 def test_its_options_are_bounded(options, match):
     with pytest.raises(ValueError, match=r"alerts\['not_learning'\]" + match):
         parse_alerts({"not_learning": options})
+
+
+def test_two_optimizers_at_steady_rates_are_not_a_rate_that_rose():
+    # A GAN's two optimizers note their rates in turn at each recorded step: the higher
+    # rate's latest note against the first step's first (the lower rate) is no rise.
+    monitor = HealthMonitor(parse_alerts(True), [])
+    scalars: list[tuple[int, str, float]] = []
+    for step, loss in enumerate(SHUFFLED):
+        if step < 10:
+            for rate in (1e-4, 3e-3):
+                bounds = RateBounds(
+                    (("fc", "weight"),), ("Adam",), (rate,), (torch.tensor(1.0),), (100,)
+                )
+                monitor.note_rates(step, bounds)
+            monitor.note_output(step, torch.tensor(0.34), 10)
+        scalars.append((step, "loss", loss))
+    said = [(a.step, a.severity) for a in monitor.observe([], scalars) if a.rule == "not_learning"]
+    assert said == [(19, "warning")]
+
+
+def test_a_later_steps_reading_does_not_judge_an_earlier_loss():
+    # The training thread notes step 100's output while the writer still judges step 19's
+    # loss: a plateau's output at steps 0-9 keeps it a note, whatever the model did later.
+    monitor = HealthMonitor(parse_alerts(True), [])
+    for step in (*range(10), 100):
+        bounds = RateBounds((("fc", "weight"),), ("Adam",), (3e-3,), (torch.tensor(1.0),), (100,))
+        monitor.note_rates(step, bounds)
+        monitor.note_output(step, torch.tensor(0.005 if step < 10 else 0.4), 10)
+    scalars = [(step, "loss", loss) for step, loss in enumerate(SHUFFLED[:20])]
+    said = [(a.step, a.severity) for a in monitor.observe([], scalars) if a.rule == "not_learning"]
+    assert said == [(19, "info")]

@@ -25,11 +25,11 @@ from layerscope.health._loss_spike import LossSpike
 from layerscope.health._nonfinite import NonFinite
 from layerscope.health._not_learning import NotLearning
 from layerscope.health._order import ModuleOrder
+from layerscope.health._parameter_sets import left_out_of, matrices_of
 from layerscope.health._rate_bound import RateNote
 from layerscope.health._readings import read_flush
 from layerscope.health._roots import Roots
 from layerscope.health._scaler_skips import ScalerSkips
-from layerscope.health._parameter_sets import left_out_of, matrices_of
 from layerscope.health._update_ratio import UpdateRatio
 from layerscope.health._wrong_loss import WrongLoss
 from layerscope.model import AttentionRow, CallEvent, ModuleInfo, StatsRows
@@ -133,6 +133,13 @@ class HealthMonitor:
         """How far an adaptive optimizer's step may move each parameter at recorded ``step``."""
         if self._update_ratio is not None:
             self._update_ratio.note_rates(step, note)
+        if self._not_learning is not None:
+            self._not_learning.note_rates(step, note.rates)
+
+    def note_output(self, step: int, spread: torch.Tensor, width: int) -> None:
+        """How much the model's output varies over the samples at recorded ``step``."""
+        if self._not_learning is not None:
+            self._not_learning.note_output(step, spread, width)
 
     def learn_calls(self, calls: Sequence[CallEvent]) -> None:
         """Take the call order of a recorded step: the forward order of modules."""

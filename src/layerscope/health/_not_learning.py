@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Any, ClassVar
+
+import torch
 
 from layerscope.health._alert import Alert
 from layerscope.health._loss_levels import RecentLoss, noise
+from layerscope.health._no_signal import NoSignal
 
 # The spread of the median of n normal values is this many standard deviations over sqrt(n).
 _MEDIAN_SPREAD = 1.2533
@@ -27,8 +31,11 @@ class NotLearning:
     A loss that fell and then stopped, or climbed back, learned: it is judged against its
     start only. Judged once at the ``steps``-th value, as a note ("info": data with no signal,
     or a run resumed at its plateau, look the same), and once at the ``warning_steps``-th (0:
-    never) as a warning. Values that are not finite are nonfinite's; one that is not positive
-    ends the judging (no log scale); one ``_DIVERGED`` times the start is loss_spike's.
+    never) as a warning. The note is a warning where a classifier's output shows that its
+    targets do not follow its inputs (``NoSignal``: at chance, an output that varies from
+    sample to sample, its rate not rising). Values that are not finite are nonfinite's; one
+    that is not positive ends the judging (no log scale); one ``_DIVERGED`` times the start
+    is loss_spike's.
 
     Options: ``scalar`` ("loss"), ``steps`` (20), ``warning_steps`` (100), ``baseline`` (5),
     ``window`` (7), ``fall`` (0.05), ``sigmas`` (4).
@@ -68,6 +75,15 @@ class NotLearning:
         self._level: float | None = None  # the lowest median of ``window`` values in a row
         self._count = 0
         self._done = False
+        self._signal = NoSignal()
+
+    def note_rates(self, step: int, rates: Sequence[float]) -> None:
+        """The learning rates an optimizer steps with at recorded ``step`` (training thread)."""
+        self._signal.note_rates(step, rates)
+
+    def note_output(self, step: int, spread: torch.Tensor, width: int) -> None:
+        """The spread of the model's output at recorded ``step`` (training thread)."""
+        self._signal.note_output(step, spread, width)
 
     def observe_scalar(self, step: int, name: str, value: float) -> list[Alert]:
         """The alert of one scalar, if it is the value the loss is judged at."""
@@ -89,9 +105,14 @@ class NotLearning:
         severity = self._judged_at.get(self._count)
         if severity is None or self._level is None or len(self._start) < self._baseline:
             return []
-        if severity == "warning" or max(self._judged_at) == self._count:
+        found = self._judge(step, severity, logs)
+        if (
+            severity == "warning"
+            or max(self._judged_at) == self._count
+            or (found and found[0].severity == "warning")
+        ):
             self._done = True  # nothing later to judge
-        return self._judge(step, severity, logs)
+        return found
 
     def _judge(self, step: int, severity: str, logs: list[float]) -> list[Alert]:
         assert self._level is not None
@@ -108,25 +129,35 @@ class NotLearning:
         if fell + doubt >= self._fall or recent - start >= math.log(_DIVERGED):
             return []
         first, last = self._first_steps[0], self._first_steps[-1]
-        # Early on, a model on a plateau before it learns looks the same.
-        plateau = "a plateau before the loss starts to fall, " if severity == "info" else ""
+        shown = self._signal.shown(math.exp(start), step) if severity == "info" else None
+        told = (
+            f"{self._scalar} has not fallen from its start in {self._count} steps: "
+            f"{math.exp(recent):.4g} (the median of the last {self._window}), at its lowest "
+            f"{math.exp(self._level):.4g}, against {math.exp(start):.4g} at steps {first}-{last}; "
+            f"less than the {1 - math.exp(-self._fall):.0%} fall that counts as learning (its "
+            f"noise {spread:.1%} a step)"
+        )
+        labels = "labels belong to their inputs (two samplers, a shuffled or misaligned column)"
+        if shown is not None:
+            advice = (
+                f"; {shown}: check that the {labels} and that the loss reads the output; a "
+                "task this model cannot learn at this rate looks the same"
+            )
+        else:
+            # Early on, a model on a plateau before it learns looks the same.
+            plateau = "a plateau before the loss starts to fall, " if severity == "info" else ""
+            advice = (
+                f"; check that the {labels}, that the optimizer holds the trained parameters at "
+                f"a rate above 0, and that the loss reads the model's output; {plateau}data "
+                "with no signal or a run resumed at its plateau look the same"
+            )
         return [
             Alert.of_model(
                 step,
                 rule=self.name,
-                severity=severity,
+                severity=severity if shown is None else "warning",
                 value=math.exp(recent),
                 threshold=math.exp(start - self._fall),
-                message=(
-                    f"{self._scalar} has not fallen from its start in {self._count} steps: "
-                    f"{math.exp(recent):.4g} (the median of the last {self._window}), at its "
-                    f"lowest {math.exp(self._level):.4g}, against {math.exp(start):.4g} at "
-                    f"steps {first}-{last}; less than the {1 - math.exp(-self._fall):.0%} fall "
-                    f"that counts as learning (its noise {spread:.1%} a step); check that the "
-                    "labels belong to their inputs (two samplers, a shuffled or misaligned "
-                    "label column), that the optimizer holds the trained parameters at a rate "
-                    f"above 0, and that the loss reads the model's output; {plateau}data with "
-                    "no signal or a run resumed at its plateau look the same"
-                ),
+                message=told + advice,
             )
         ]

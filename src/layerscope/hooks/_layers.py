@@ -27,6 +27,7 @@ from layerscope.hooks._call_log import CallLog
 from layerscope.hooks._cost import CostMeter
 from layerscope.hooks._handles import HookHandles, in_backward
 from layerscope.hooks._loss_graph import LossGraph, Scalars
+from layerscope.hooks._output_spread import OutputSpread
 from layerscope.hooks._steps import StepClock
 from layerscope.hooks._train_modes import TrainModes
 from layerscope.hooks._values import InputNames, named_tensors
@@ -54,6 +55,8 @@ class LayerHooks:
         on_training_pass: called when a training pass begins, before it is counted (a step
             that GradScaler skipped ends there).
         compiled: the model was compiled when watched: hooks stay on between steps.
+        note_output: takes the spread of the model's output at each recorded step, for the
+            health rules (``hooks._output_spread``).
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class LayerHooks:
         fail: Callable[[str, BaseException], None],
         on_training_pass: Callable[[], None],
         compiled: bool = False,
+        note_output: Callable[[int, Tensor, int], None] | None = None,
     ) -> None:
         self._root = root
         self._targets = list(targets)
@@ -94,6 +98,7 @@ class LayerHooks:
         self._calls_open = True  # the step's first training pass is logging its call order
         self._followers: list[Callable[[], None]] = []
         self._loss_graph = LossGraph(fail)  # probabilities fed to a loss taking logits
+        self._output_spread = OutputSpread(note_output, fail)  # does the output follow inputs
 
     @property
     def calls(self) -> list[CallEvent]:
@@ -213,6 +218,9 @@ class LayerHooks:
     def _on_leave(self, module: nn.Module, args: Any, output: Any) -> None:
         if id(module) in self._entries:
             self._entry_depth = max(0, self._entry_depth - 1)
+            if module is self._root and not self._entry_depth and self._clock.recording:
+                trained = self._phase() == TRAIN and not in_backward()
+                self._output_spread.read(output, trained, self._clock.pass_step)
 
     def _begin_pass(self, module: nn.Module) -> None:
         """The model is entered at ``module``, the root or one of its children.

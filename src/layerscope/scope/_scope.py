@@ -149,17 +149,11 @@ class Scope(RecordedReads):
         )
         self._recorder.open_steps = self._clock.open_steps
         self._layers = LayerHooks(
-            self._root,
-            self._targets,
-            config.kinds,
-            self._clock,
-            self._recorder,
-            self._pipeline,
-            self._meter,
-            self._fail,
-            on_training_pass=self._on_training_pass,
+            self._root, self._targets, config.kinds, self._clock, self._recorder,
+            self._pipeline, self._meter, self._fail, on_training_pass=self._on_training_pass,
             compiled=is_compiled(model, self._root),
-        )
+            note_output=None if health is None else health.note_output,
+        )  # fmt: skip
         self._parameters = ParameterReads(
             self._root,
             targets,
