@@ -84,7 +84,7 @@ def main() -> None:
     torch.set_num_threads(1)
     lines = [
         "| workload | parameters | unwatched step | the rate bound | the output's spread | "
-        "both, of a recorded step | over the default schedule's long run |",
+        "both, against the step | over the default schedule's long run |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, workload in WORKLOADS.items():
