@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import tracemalloc
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -220,3 +221,29 @@ def test_a_worker_terminated_at_close_still_finishes_its_video(tmp_path, monkeyp
     assert path.exists(), (_counts(pool), sorted(p.name for p in path.parent.glob("*")))
     assert 2 <= len(gif_frames(path)) < 40
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.slow  # a spawned worker imports torch and matplotlib
+def test_a_tensor_the_renderer_cannot_draw_is_skipped_and_the_other_videos_stay_whole(tmp_path):
+    from layerscope.tensors import PCA
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    # The weight's gradient is a matrix a PCA draws; the bias's is 1-D: no rows to project.
+    tensors = {"include": "^0$", "kinds": "weight_grad", "every": 1, "keep": False}
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        scope = layerscope.watch(
+            model, run=tmp_path / "run", every=1, tensors=tensors, on_tensor=Video(PCA(), "gif")
+        )
+        with scope:
+            for _ in range(6):
+                model(torch.randn(5, 4)).sum().backward()
+                scope.step()
+    skipped = [str(w.message) for w in warned if "skipped a tensor" in str(w.message)]
+    assert len(skipped) == 1  # once, though each of the 6 steps skipped it
+    assert "PCA cannot draw 0 weight_grad bias (train, shape (8,))" in skipped[0]
+    assert not [w for w in warned if "raised" in str(w.message)]  # no worker failed
+    folder = tmp_path / "run" / "videos" / "pca"
+    assert sorted(path.name for path in folder.iterdir()) == ["0-weight_grad-weight-train.gif"]
+    assert len(gif_frames(folder / "0-weight_grad-weight-train.gif")) == 6

@@ -21,6 +21,7 @@ from layerscope.tensors._parts import DIRECTORY, read_parts
 from layerscope.tensors._records import Record
 from layerscope.tensors._recordset import RecordSet, SavedCapture, load_capture
 from layerscope.tensors._render import PCA, HeatMap, Histogram
+from layerscope.tensors._skipped import SkippedTensorError
 from layerscope.tensors._spec import TensorsSpec, parse_tensors
 from layerscope.tensors._video import Video
 from layerscope.tensors._video_writer import (
@@ -42,6 +43,7 @@ __all__ = [
     "RecordSet",
     "RunTensors",
     "SavedCapture",
+    "SkippedTensorError",
     "TensorOutlet",
     "TensorWorkers",
     "TensorsSpec",

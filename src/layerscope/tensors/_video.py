@@ -18,6 +18,7 @@ from typing import Any
 from layerscope._imports import require
 from layerscope.tensors._records import Record
 from layerscope.tensors._render import PCA, HeatMap, Histogram, safe_name
+from layerscope.tensors._skipped import SkippedTensorError
 from layerscope.tensors._video_writer import FORMATS, VideoWriter
 
 Renderer = HeatMap | Histogram | PCA
@@ -28,9 +29,10 @@ class Video:
 
     The file of a tensor is ``<directory>/videos/<what>/<module>-<kind>-<tensor>-<phase>``
     ``.mp4`` (or ``.gif``), ``what`` the renderer's (``heatmap``, ``histogram``, ``pca``),
-    names made safe as the renderers' PNG files are. A worker started again after a failure
-    starts new files (``...-2.mp4``) rather than overwrite the first. One worker writes each
-    file, so ``watch`` takes a ``Video`` with ``workers=1`` only.
+    names made safe as the renderers' PNG files are. A tensor the renderer cannot draw (a
+    ``PCA`` of a 1-D bias) is skipped, with one warning naming it. A worker started again
+    after a failure starts new files (``...-2.mp4``) rather than overwrite the first. One
+    worker writes each file, so ``watch`` takes a ``Video`` with ``workers=1`` only.
 
     Args:
         renderer: draws each frame: ``HeatMap()`` (the default), ``Histogram()`` or ``PCA()``.
@@ -58,6 +60,8 @@ class Video:
         self.format = format
         self.fps = fps
         self._writers: dict[tuple[str, str, str, str], VideoWriter] = {}
+        # Tensors the renderer could not draw, and why: skipped at each step, warned of once.
+        self._undrawable: dict[tuple[str, str, str, str], str] = {}
 
     def __repr__(self) -> str:
         return f"Video(renderer={self.renderer!r}, format={self.format!r}, fps={self.fps!r})"
@@ -75,6 +79,8 @@ class Video:
         Raises:
             ValueError: ``directory`` is None (a run in memory has no directory).
             TypeError: ``record`` is not a Record holding a tensor.
+            SkippedTensorError: the renderer cannot draw this tensor (a PCA of a bias): its
+                worker skips it with one warning, and the other videos go on.
         """
         if not isinstance(record, Record):
             raise TypeError(
@@ -86,11 +92,23 @@ class Video:
                 "none (it is in memory): give watch a run= directory"
             )
         key = (record.module, record.kind, record.tensor, record.phase)
+        if key in self._undrawable:
+            raise SkippedTensorError(self._undrawable[key])
+        require("matplotlib", "plot")  # missing, a failure of the worker, not of a tensor
+        try:
+            frame = self._frame(record)
+        except Exception as error:  # this tensor cannot be drawn: its video is never begun
+            self._undrawable[key] = (
+                f"{type(self.renderer).__name__} cannot draw {record.module or 'the model'} "
+                f"{record.kind} {record.tensor} ({record.phase}, shape "
+                f"{tuple(record.value.shape)}): {type(error).__name__}: {error}"
+            )
+            raise SkippedTensorError(self._undrawable[key]) from error
         writer = self._writers.get(key)
         if writer is None:
             writer = VideoWriter(self._free_path(Path(directory), record), self.fps)
             self._writers[key] = writer
-        writer.append(self._frame(record))
+        writer.append(frame)
         return writer.path
 
     def close(self) -> None:

@@ -52,6 +52,8 @@ class WorkerMonitor:
     _processed: int
     _errors: int
     _abandoned: int
+    _skipped: int
+    _skip_reasons: set[str]
     _restarts: int
     _failures_in_row: int
     _first_failure: str | None
@@ -190,6 +192,14 @@ class WorkerMonitor:
                 worker.holding = None
                 self._processed += 1
                 self._failures_in_row = 0
+                if len(message) > 1:  # the callback passed the record over: SkippedTensorError
+                    self._skipped += 1
+                    if message[1] not in self._skip_reasons:
+                        self._skip_reasons.add(message[1])
+                        self._due_warnings.append(
+                            f"layerscope: on_tensor {self._name} skipped a tensor: {message[1]}; "
+                            "the other tensors go on"
+                        )
             elif kind == "failed":
                 _, type_name, text, trace = message
                 where = "" if worker.holding is None else f" on {worker.holding}"

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from layerscope.tensors._records import Record
+from layerscope.tensors._skipped import SkippedTensorError
 
 # A worker exits with this code after it reported its callback's error.
 _EXIT_AFTER_ERROR = 3
@@ -96,14 +97,17 @@ def worker_main(connection: Connection, fn_bytes: bytes, directory: Path | None)
             header = connection.recv()
             if header is None:
                 return
+            skipped = None
             try:
                 fn(_received_record(connection, header), directory)
             except _Terminated:
                 raise
+            except SkippedTensorError as passed_over:  # one record the callback cannot use
+                skipped = str(passed_over)
             except BaseException as error:
                 _report(connection, error)
                 sys.exit(_EXIT_AFTER_ERROR)
-            _report_done(connection)
+            _report_done(connection, skipped)
     except (EOFError, OSError):
         return  # the pipe closed: the parent is gone
     except _Terminated:
@@ -130,12 +134,15 @@ def _terminated(signum: int, frame: object) -> None:
         raise _Terminated
 
 
-def _report_done(connection: Connection) -> None:
-    """Say the record is done; a SIGTERM meanwhile ends the loop after, not the report."""
+def _report_done(connection: Connection, skipped: str | None = None) -> None:
+    """Say the record is done; a SIGTERM meanwhile ends the loop after, not the report.
+
+    ``skipped``: why the callback passed the record over, if it did.
+    """
     global _raising
     _raising = False
     try:
-        connection.send(("done",))
+        connection.send(("done",) if skipped is None else ("done", skipped))
     finally:
         _raising = True
 

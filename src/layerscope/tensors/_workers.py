@@ -122,6 +122,8 @@ class TensorWorkers(WorkerMonitor):
         self._processed = 0
         self._errors = 0
         self._abandoned = 0
+        self._skipped = 0
+        self._skip_reasons: set[str] = set()  # each warned of once
         self._restarts = 0
         self._failures_in_row = 0
         self._first_failure: str | None = None
@@ -159,6 +161,14 @@ class TensorWorkers(WorkerMonitor):
     def errors(self) -> int:
         """Records whose callback raised, or whose worker died while it held them."""
         return self._errors
+
+    @property
+    def skipped(self) -> int:
+        """Records the callback passed over (it raised ``SkippedTensorError``).
+
+        Counted in ``processed`` too: their worker went on.
+        """
+        return self._skipped
 
     @property
     def abandoned(self) -> int:
