@@ -166,6 +166,33 @@ def test_loss_is_the_mean_of_the_steps_micro_batches(fitted):
     assert losses.value.tolist() == pytest.approx(expected, rel=1e-6)
 
 
+def test_the_loss_of_an_epochs_short_last_window_is_the_mean_of_what_it_held():
+    # Three micro-batches a step, four batches an epoch: the last window holds one, whose loss
+    # Lightning still divided by three.
+    torch.manual_seed(0)
+    model = Regression()
+    callback = LayerscopeCallback(run=None, every=1)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_epochs=2,
+        accumulate_grad_batches=3,
+        limit_val_batches=0,
+        callbacks=[callback],
+    )
+    trainer.fit(model, _loader(4 * BATCH, seed=1))
+    assert trainer.global_step == 4  # two windows an epoch: three batches, then one
+    scalars = callback.scope.frame("scalars")
+    losses = scalars[scalars.name == "loss"].sort_values("step").value.tolist()
+    micro = [float(loss) for loss in model.losses]
+    expected = [sum(micro[0:3]) / 3, micro[3], sum(micro[4:7]) / 3, micro[7]]
+    assert losses == pytest.approx(expected, rel=1e-6)
+
+
 def test_lr_is_the_one_the_step_used(fitted):
     _, _, _, run = fitted
     lrs = run.scalars[run.scalars.name == "lr"].sort_values("step")

@@ -39,7 +39,8 @@ class LayerscopeCallback(pl.Callback):
     without an optimizer step (micro-batches of
     ``accumulate_grad_batches``) merge into the next step. At each step's end it records two
     scalars for it: ``loss``, the loss Lightning backpropagated (with
-    ``accumulate_grad_batches``, the mean of the micro-batches' losses; under manual
+    ``accumulate_grad_batches``, the mean of the micro-batches' losses, also of an epoch's
+    last window that holds fewer of them; under manual
     optimization, the mean of what ``training_step`` returned), and ``lr``, the first
     optimizer's first parameter group's learning rate, read just before its step. The run
     is closed when ``fit`` ends, as ``"failed"`` when it raises.
@@ -162,8 +163,10 @@ class LayerscopeCallback(pl.Callback):
         self._global_step = trainer.global_step
         scalars: dict[str, float | Tensor] = {}
         if self._loss is not None:
-            automatic = pl_module.automatic_optimization  # Lightning divided each loss
-            scalars["loss"] = self._loss if automatic else self._loss / self._batches
+            # Automatic optimization divided each micro-batch's loss by accumulate_grad_batches,
+            # also in an epoch's last window that holds fewer: the mean is over those it held.
+            divided = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+            scalars["loss"] = self._loss * (divided / self._batches)
         if self._lr is not None:
             scalars["lr"] = self._lr
         self._loss, self._batches, self._lr = None, 0, None
