@@ -81,9 +81,17 @@ def _loader(samples: int, seed: int) -> DataLoader:
     return DataLoader(TensorDataset(x, y), batch_size=BATCH)
 
 
-def _fit(callbacks, logger=False, root=None, model=None, plugins=None):
+def _fit(callbacks, logger=False, root=None, model=None, plugins=None, batches=None, **options):
+    """Fit ``model`` on ``batches`` training batches; ``options`` replace the trainer's."""
     torch.manual_seed(0)
     model = model or Regression()
+    chosen = {
+        "max_steps": STEPS,
+        "accumulate_grad_batches": ACCUMULATE,
+        "val_check_interval": VAL_EVERY,
+        "limit_val_batches": VAL_BATCHES,
+        "num_sanity_val_steps": 1,  # before training: never recorded
+    }
     trainer = L.Trainer(
         plugins=plugins,
         accelerator="cpu",
@@ -93,14 +101,10 @@ def _fit(callbacks, logger=False, root=None, model=None, plugins=None):
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        max_steps=STEPS,
-        accumulate_grad_batches=ACCUMULATE,
-        val_check_interval=VAL_EVERY,
-        limit_val_batches=VAL_BATCHES,
-        num_sanity_val_steps=1,  # before training: never recorded
         callbacks=callbacks,
+        **(chosen | options),
     )
-    train = _loader(STEPS * ACCUMULATE * BATCH, seed=1)
+    train = _loader((batches or STEPS * ACCUMULATE) * BATCH, seed=1)
     val = _loader((VAL_BATCHES + 1) * BATCH, seed=2)
     trainer.fit(model, train, val)
     return model, trainer
@@ -169,22 +173,11 @@ def test_loss_is_the_mean_of_the_steps_micro_batches(fitted):
 def test_the_loss_of_an_epochs_short_last_window_is_the_mean_of_what_it_held():
     # Three micro-batches a step, four batches an epoch: the last window holds one, whose loss
     # Lightning still divided by three.
-    torch.manual_seed(0)
-    model = Regression()
     callback = LayerscopeCallback(run=None, every=1)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        max_epochs=2,
-        accumulate_grad_batches=3,
-        limit_val_batches=0,
-        callbacks=[callback],
-    )
-    trainer.fit(model, _loader(4 * BATCH, seed=1))
+    model, trainer = _fit(
+        [callback], batches=4, max_steps=-1, max_epochs=2, accumulate_grad_batches=3,
+        limit_val_batches=0, num_sanity_val_steps=0,
+    )  # fmt: skip
     assert trainer.global_step == 4  # two windows an epoch: three batches, then one
     scalars = callback.scope.frame("scalars")
     losses = scalars[scalars.name == "loss"].sort_values("step").value.tolist()
