@@ -126,3 +126,26 @@ def test_a_transposed_output_gives_its_first_rows_without_a_copy_of_the_rest():
     assert width == 7
     expected = _float64_spread(logits.reshape(-1, 7)[:ROWS])  # batch 0's first ROWS positions
     assert float(spread) == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_spread_is_read_no_more_once_no_rule_wants_it(monkeypatch):
+    from layerscope.hooks import _output_spread
+
+    read: list[int] = []
+    original = _output_spread.output_spread
+
+    def counted(output):
+        read.append(1)
+        return original(output)
+
+    monkeypatch.setattr(_output_spread, "output_spread", counted)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    alerts = {"not_learning": False}  # its reader is off: the first reading says so
+    with layerscope.watch(model, optimizer=optimizer, every=1, alerts=alerts) as scope:
+        for _ in range(5):
+            model(torch.randn(8, 6)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scope.step()
+    assert len(read) == 1

@@ -136,10 +136,14 @@ class HealthMonitor:
         if self._not_learning is not None:
             self._not_learning.note_rates(step, note.rates)
 
-    def note_output(self, step: int, spread: torch.Tensor, width: int) -> None:
-        """How much the model's output varies over the samples at recorded ``step``."""
-        if self._not_learning is not None:
-            self._not_learning.note_output(step, spread, width)
+    def note_output(self, step: int, spread: torch.Tensor, width: int) -> bool:
+        """How much the model's output varies over the samples at recorded ``step``.
+
+        Whether later steps' are still wanted (not_learning judged, or off: none is read).
+        """
+        return self._not_learning is not None and self._not_learning.note_output(
+            step, spread, width
+        )
 
     def learn_calls(self, calls: Sequence[CallEvent]) -> None:
         """Take the call order of a recorded step: the forward order of modules."""

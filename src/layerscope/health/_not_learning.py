@@ -67,6 +67,8 @@ class NotLearning:
         self._window = int(window)
         self._judged_at = {int(steps): "info", int(warning_steps): "warning"}
         self._judged_at.pop(0, None)
+        # The value the note is judged at, if any: the output's spread serves it alone.
+        self._note_at = next((n for n, level in self._judged_at.items() if level == "info"), None)
         self._fall = -math.log1p(-min(fall, 0.999))  # as a log
         self._sigmas = sigmas
         self._recent = RecentLoss(max(self._window, _NOISE_WINDOW))
@@ -81,9 +83,15 @@ class NotLearning:
         """The learning rates an optimizer steps with at recorded ``step`` (training thread)."""
         self._signal.note_rates(step, rates)
 
-    def note_output(self, step: int, spread: torch.Tensor, width: int) -> None:
-        """The spread of the model's output at recorded ``step`` (training thread)."""
+    def note_output(self, step: int, spread: torch.Tensor, width: int) -> bool:
+        """Take the spread of the model's output at recorded ``step`` (training thread).
+
+        Whether later steps' are still wanted: only the note's judgement reads them.
+        """
+        if self._done or self._note_at is None or self._count >= self._note_at:
+            return False
         self._signal.note_output(step, spread, width)
+        return True
 
     def observe_scalar(self, step: int, name: str, value: float) -> list[Alert]:
         """The alert of one scalar, if it is the value the loss is judged at."""

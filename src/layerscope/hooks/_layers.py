@@ -55,8 +55,8 @@ class LayerHooks:
         on_training_pass: called when a training pass begins, before it is counted (a step
             that GradScaler skipped ends there).
         compiled: the model was compiled when watched: hooks stay on between steps.
-        note_output: takes the spread of the model's output at each recorded step, for the
-            health rules (``hooks._output_spread``).
+        note_output: takes the spread of the model's output at recorded steps, for the
+            health rules, while they want it (``hooks._output_spread``).
     """
 
     def __init__(
@@ -71,7 +71,7 @@ class LayerHooks:
         fail: Callable[[str, BaseException], None],
         on_training_pass: Callable[[], None],
         compiled: bool = False,
-        note_output: Callable[[int, Tensor, int], None] | None = None,
+        note_output: Callable[[int, Tensor, int], bool] | None = None,
     ) -> None:
         self._root = root
         self._targets = list(targets)

@@ -90,13 +90,14 @@ class OutputSpread:
 
     Args:
         note: takes the step, the spread (a 0-d tensor on the output's device) and the
-            output's width; None: nothing reads it, nothing is computed.
+            output's width, and says whether later steps' are wanted; once it says no (or
+            given None), nothing is computed again.
         fail: counts and warns of a monitoring failure.
     """
 
     def __init__(
         self,
-        note: Callable[[int, Tensor, int], None] | None,
+        note: Callable[[int, Tensor, int], bool] | None,
         fail: Callable[[str, BaseException], None],
     ) -> None:
         self._note = note
@@ -110,7 +111,7 @@ class OutputSpread:
         self._read_step = step
         try:
             found = output_spread(output)
-            if found is not None:
-                self._note(step, *found)
+            if found is not None and not self._note(step, *found):
+                self._note = None  # its reader is done: later steps compute nothing
         except Exception as error:
             self._fail("reading the spread of the model's output", error)
