@@ -64,6 +64,9 @@ def watch(
             after. Wrappers (accelerate's, Lightning's) are looked through. A list of
             optimizers (a GAN's) is read around each one's step; the first one's step ends
             the training step, so list first the one that steps last in an iteration.
+            Without one, the first optimizer seen to step every watched parameter that needs
+            a gradient is followed as if it were given, unless ``scope.step()`` was called
+            before that: a loop that calls neither still gets one step per iteration.
         run: the run's directory (a path or an fsspec URL such as ``memory://runs/a``), or a
             ``layerscope.store.ParquetStore`` for its flush settings; None keeps the run in
             memory. An existing run is never overwritten, nor one another process is starting

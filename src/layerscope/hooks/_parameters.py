@@ -11,14 +11,15 @@ trained in this step, so that an iteration whose optimizer step GradScaler skipp
 where the next one begins.
 
 The first optimizer's step ends a training step, unless a trainer's callback ends steps at its
-batches' ends instead (``ends_steps``): then each optimizer only says that it stepped.
+batches' ends instead (``ends_steps``): then each optimizer only says that it stepped. Given no
+optimizer, the one found to step the watched parameters is followed (``hooks._followed``).
 """
 
 from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -28,15 +29,22 @@ from torch import Tensor, nn
 from layerscope.distributed import local_tensor, shard_label
 from layerscope.hooks._carried_grads import CarriedGradients
 from layerscope.hooks._cost import CostMeter
+from layerscope.hooks._followed import FollowedOptimizer, StepHook
 from layerscope.hooks._grad_moment import after_backward_callbacks, closure_then
 from layerscope.hooks._handles import HookHandles, weak_hook
 from layerscope.hooks._optimizers import owned_by, step_held_back
+from layerscope.hooks._owned_tensors import (
+    backward_probe,
+    entry_of,
+    fp16_autocast,
+    owned_tensors,
+)
 from layerscope.hooks._rate_bounds import RateBounds, joined, rate_bounds
 from layerscope.hooks._stalled import stalled_parameters
 from layerscope.hooks._steps import StepClock
 from layerscope.hooks._updates import UpdateSnapshot
 from layerscope.model import Kind
-from layerscope.recording import GroupEntry, Owner, Recorder, Target
+from layerscope.recording import GroupEntry, Recorder
 
 TRAIN = "train"
 
@@ -94,15 +102,21 @@ class ParameterReads:
         self._meter = meter
         self._fail = fail
         self._end_step = end_step
-        self._params = _owned(targets, lambda m: m.named_parameters(recurse=False))
-        self._buffers = _owned(targets, lambda m: m.named_buffers(recurse=False))
-        self._probe = _probe(root, self._optimizers)
+        self._params = owned_tensors(targets, lambda m: m.named_parameters(recurse=False))
+        self._buffers = owned_tensors(targets, lambda m: m.named_buffers(recurse=False))
+        self._probe = backward_probe(root, self._optimizers)
         self._snapshots = [UpdateSnapshot() for _ in self._optimizers]
         self._bounds: list[RateBounds] = []  # of the recorded step in progress
         # zero_grad() missing: the scalar grad_carried of a step (health's accumulating_grad).
         self._carried = CarriedGradients(targets, self._optimizers, clock, recorder, meter, fail)
         self._positions: list[list[int]] = [[] for _ in self._optimizers]
         self._handles = HookHandles()
+        self._backward_reads = HookHandles()  # the gradients' reads where no optimizer is known
+        self._follower = (
+            None
+            if self._optimizers
+            else FollowedOptimizer([p for p, _ in self._params], self._follow)
+        )
         self._grad_read_queued = False
         # An optimizer step ended a step since the last scope.step(); one is under way.
         self.optimizer_ended = False
@@ -129,10 +143,12 @@ class ParameterReads:
         for index, optimizer in enumerate(self._optimizers):
             self._handles.add(optimizer.register_step_pre_hook(partial(self._before_step, index)))
             self._handles.add(optimizer.register_step_post_hook(partial(self._after_step, index)))
+        if self._follower is not None:
+            self._follower.register()
         if not self._optimizers and Kind.WEIGHT_GRAD in self._kinds:
             for param, _ in self._params:
                 if param.requires_grad:
-                    self._handles.add(
+                    self._backward_reads.add(
                         param.register_post_accumulate_grad_hook(
                             weak_hook(self._on_grad_accumulated)
                         )  # type: ignore[no-untyped-call]  # untyped in torch
@@ -141,6 +157,9 @@ class ParameterReads:
     def remove(self) -> None:
         """Take every hook off and let go of the parameters and the update copies."""
         self._handles.remove()
+        self._backward_reads.remove()
+        if self._follower is not None:
+            self._follower.remove()
         self._carried.remove()
         self._targets = []
         self._note_stalled = None
@@ -151,6 +170,26 @@ class ParameterReads:
         self._probe = None
         for snapshot in self._snapshots:
             snapshot.release()
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """Those given to ``watch()``, or the one followed since it was found."""
+        return self._optimizers
+
+    def steps_given(self) -> None:
+        """``scope.step()`` ends the steps: an optimizer found later is not followed."""
+        if self._follower is not None:
+            self._follower.steps_given()
+
+    def _follow(self, optimizer: torch.optim.Optimizer) -> tuple[StepHook, StepHook]:
+        """From its first step on, read around ``optimizer``'s steps as if it had been given."""
+        self._optimizers.append(optimizer)
+        self._snapshots.append(UpdateSnapshot())
+        self._positions.append([])
+        # Its step reads the gradients now (a reading of this step at backward is replaced).
+        self._backward_reads.remove()
+        index = len(self._optimizers) - 1
+        return partial(self._before_step, index), partial(self._after_step, index)
 
     # ---------------------------------------------------------------- the step's moments
 
@@ -170,7 +209,7 @@ class ParameterReads:
             and self._probe is not None
             and self._probe.grad is None
         )
-        self._fp16_pass = self._probe is not None and _fp16_autocast(self._probe)
+        self._fp16_pass = self._probe is not None and fp16_autocast(self._probe)
         return skipped
 
     def at_step_call(self, trained: bool) -> StepCall:
@@ -208,6 +247,8 @@ class ParameterReads:
             for snapshot in self._snapshots:
                 snapshot.release()  # kept only from one recorded step to the next
         self._bounds = []  # noted at the step's end, or of no step now
+        if self._follower is not None:
+            self._follower.step_ended()
         self._backward_in_step = False
         self.optimizer_stepping = False
         self._stepped = False
@@ -232,7 +273,7 @@ class ParameterReads:
         for tensor, owners in chosen:
             value = tensor.grad if kind is Kind.WEIGHT_GRAD else tensor
             if value is not None:
-                entries.append(_entry(owners, value))
+                entries.append(entry_of(owners, value))
         return entries
 
     # ---------------------------------------------------------------- hooks
@@ -243,6 +284,8 @@ class ParameterReads:
             return
         self._backward_in_step = True
         self._on_backward()
+        if self._follower is not None:
+            self._follower.backward_ran(param, self._clock.step)
         if self._fp16_pass and self._clock.step_records and Kind.WEIGHT_GRAD in self._kinds:
             # Under fp16 autocast, GradScaler may skip the step and its gradients would go
             # unread: read them as backward leaves them (scaled); the optimizer step's reading,
@@ -338,56 +381,12 @@ class ParameterReads:
             updates = self._snapshots[index].updates([local_tensor(param) for param in params])
             if updates is not None:
                 entries = [
-                    _entry(self._params[position][1], update, shard_label(param))
+                    entry_of(self._params[position][1], update, shard_label(param))
                     for position, param, update in zip(positions, params, updates, strict=True)
                 ]
                 self._recorder.record_group(self._clock.step, Kind.UPDATE, TRAIN, entries)
         except Exception as error:
             self._fail("reading the updates", error)
-
-
-def _entry(owners: Sequence[Owner], tensor: Tensor, shard: str | None = None) -> GroupEntry:
-    """A reading of ``tensor`` under its first owner, and under the others too (tied)."""
-    first = owners[0]
-    return GroupEntry(Target(first.module, first.module_type), first.tensor, tensor, owners[1:],
-                      shard)  # fmt: skip
-
-
-def _owned(
-    targets: Sequence[tuple[str, nn.Module]],
-    named: Callable[[nn.Module], Iterator[tuple[str, Tensor]]],
-) -> list[tuple[Tensor, list[Owner]]]:
-    """Unique tensors of the targets with every target that owns each (tied weights)."""
-    owners: dict[int, tuple[Tensor, list[Owner]]] = {}
-    for name, module in targets:
-        for tensor_name, tensor in named(module):
-            entry = owners.setdefault(id(tensor), (tensor, []))
-            entry[1].append(Owner(name, type(module).__name__, tensor_name))
-    return list(owners.values())
-
-
-def _probe(root: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> Tensor | None:
-    """A parameter whose gradient tells that a backward pass ran: one hook, one call a pass.
-
-    The first trainable parameter of the model that the first optimizer steps (or of the
-    model, without an optimizer); None if there is none.
-    """
-    trainable = [param for param in root.parameters() if param.requires_grad]
-    if optimizers:
-        stepped = {id(param) for group in optimizers[0].param_groups for param in group["params"]}
-        trainable = [param for param in trainable if id(param) in stepped] or trainable
-    return trainable[0] if trainable else None
-
-
-def _fp16_autocast(param: Tensor) -> bool:
-    """Whether fp16 autocast is on for ``param``'s device: the mixed precision of GradScaler."""
-    device = param.device.type
-    try:
-        return bool(torch.is_autocast_enabled(device)) and (
-            torch.get_autocast_dtype(device) == torch.float16
-        )
-    except (AttributeError, RuntimeError, TypeError):  # an older torch, an unknown device type
-        return False
 
 
 def _nothing() -> None:

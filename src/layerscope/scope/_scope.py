@@ -63,8 +63,9 @@ class Scope(RecordedReads):
     """Records statistics of a model's layers; made by ``layerscope.watch``.
 
     Use it as a context manager, or call ``close()``: either removes every hook. Call
-    ``step(**scalars)`` once per training step, unless ``optimizer=`` was given, in which case
-    ``optimizer.step()`` ends the step. ``frame()`` returns what was recorded.
+    ``step(**scalars)`` once per training step, unless ``optimizer=`` was given (or an
+    optimizer is followed), in which case ``optimizer.step()`` ends the step. ``frame()``
+    returns what was recorded.
     """
 
     def __init__(
@@ -232,7 +233,8 @@ class Scope(RecordedReads):
         clock = self._clock
         try:
             scalars = self._layers.with_loss_findings(scalars)
-            if not self._optimizers:
+            if not self._parameters.optimizers:  # the loop ends its own steps
+                self._parameters.steps_given()
                 self._recorder.add_scalars(clock.step, scalars)
                 self._finish_step()
                 return
@@ -362,7 +364,7 @@ class Scope(RecordedReads):
             self._recorder.add_scalars(clock.step, {"skipped": 1.0})
         try:
             # With an optimizer, the step's scalars come after its end (see step()).
-            self._recorder.end_step(clock.step_records, scalars_follow=bool(self._optimizers))
+            self._recorder.end_step(clock.step_records, scalars_follow=bool(self._parameters.optimizers))
         except Exception as error:
             self._fail("flushing a step", error)
         self._layers.step_ended(stepped=not skipped)
