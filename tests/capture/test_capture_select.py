@@ -140,3 +140,23 @@ def test_a_run_s_tensors_take_module_objects_too(tmp_path) -> None:
     # tensors= is checked before the model is looked at: its modules are named by type
     assert saved["include"] == ["<module (a Linear)>", "<callable is_linear>"]
     assert saved["exclude"] == ["<module (a Linear)>"]
+
+
+def tensor_tracker_picks(model: nn.Module, include: str) -> set[str]:
+    """tensor_tracker's rule: ``re.search`` on every qualified name, root and containers too."""
+    import re
+
+    return {name for name, _ in model.named_modules() if re.search(include, name)}
+
+
+@pytest.mark.parametrize(
+    ("include", "differs"),
+    [("body", set()), ("^body", set()), ("bod", {"body"}), (r"\d", set()), ("o", {"body"})],
+)
+def test_regexes_pick_what_tensor_tracker_picks_but_a_container_found_only_inside(
+    include: str, differs: set[str]
+) -> None:
+    # The migrating guide's row: a container is picked where the regex matches its whole
+    # name; where it is only found inside the name, its layers are (its output is theirs).
+    model = Net()
+    assert kept(model, include=include) == tensor_tracker_picks(model, include) - differs

@@ -407,3 +407,14 @@ def test_a_rank_takes_rank_0s_run_directory_though_rank_0_has_begun_writing_it(
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
     assert fresh_run_dir(str(tmp_path)) == chosen_by_rank_0  # what rank 0 sent
     assert sent[1] == ([str(tmp_path / "layerscope-2")], 0)
+
+
+def test_validation_in_the_middle_of_a_window_is_recorded_under_the_step_in_progress():
+    # Two micro-batches a step, validation after every 3rd batch: after batch 3, half-way
+    # through step 1's window, and after batch 6, at step 2's end.
+    callback = LayerscopeCallback(run=None, every=1)
+    model, trainer = _fit([callback], batches=6, max_steps=3, val_check_interval=3)
+    assert trainer.global_step == 3
+    assert model.validated_at[1:] == [1, 3]  # the optimizer steps done when each began
+    frame = callback.scope.frame()
+    assert sorted(set(frame[frame.phase == "eval"].step)) == [1, 2]

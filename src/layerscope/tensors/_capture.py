@@ -87,6 +87,59 @@ class Capture(ValueKeeper):
         """Whether the capture was closed."""
         return self._closed
 
+    @property
+    def modules(self) -> list[str]:
+        """The qualified names of the modules still captured, in the model's order."""
+        return [target.name for target in self._targets]
+
+    def remove(self, module: nn.Module | str | int) -> None:
+        """Stop capturing one module; the others go on, and its records so far stay.
+
+        Args:
+            module: the module, its qualified name, or its position in ``modules`` (as
+                torchfunc's ``recorder.remove(i)`` takes one).
+
+        Examples:
+            >>> import torch, layerscope
+            >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+            >>> cap = layerscope.capture(net, kinds=["activation"])
+            >>> cap.modules
+            ['0', '1']
+            >>> cap.remove(net[0])
+            >>> _ = net(torch.ones(1, 2))
+            >>> sorted({record.module for record in cap.records})
+            ['1']
+        """
+        if self._closed:
+            raise RuntimeError("capture: remove() after close(); the capture is closed")
+        target = self._target_of(module)
+        self._handles.remove()
+        if self._moments is not None:
+            self._moments.remove()
+        self._targets.remove(target)
+        self._forget_weight_grads_of(target.name)
+        self._sync_hooks()
+
+    def _target_of(self, module: nn.Module | str | int) -> Target:
+        """The captured module ``module`` names; a clear error where it names none."""
+        names = self.modules
+        if isinstance(module, bool) or not isinstance(module, nn.Module | str | int):
+            raise TypeError(
+                f"module: expected a module, its qualified name or its position in "
+                f"capture.modules, got {type(module).__name__}"
+            )
+        if isinstance(module, int):
+            if not -len(names) <= module < len(names):
+                raise IndexError(
+                    f"module: position {module} is outside capture.modules ({len(names)} modules)"
+                )
+            return self._targets[module]
+        for target in self._targets:
+            if target.name == module or target.module() is module:
+                return target
+        shown = module if isinstance(module, str) else type(module).__name__
+        raise ValueError(f"module: {shown!r} is not among the modules captured: {names}")
+
     def step(self) -> None:
         """End the step: later forward passes belong to the next one.
 
@@ -249,8 +302,8 @@ class Capture(ValueKeeper):
         self, target: Target, name: str, step: int, phase: str, call: int
     ) -> Callable[[Tensor], None]:
         def hook(grad: Tensor | None) -> None:
-            # After close() a graph built before it may still run backward: keep nothing.
-            if self._closed or grad is None:
+            # After close() or remove() a graph built before may still run backward.
+            if self._closed or grad is None or target not in self._targets:
                 return
             self._offer(target, Kind.GRAD, name, step, phase, call, grad)
             self._warn_pending()

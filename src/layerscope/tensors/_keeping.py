@@ -240,6 +240,20 @@ class ValueKeeper(RecordSet):
                     self._failures.record(f"keeping the gradient of {record.module!r}", error)
         self._warn_pending()
 
+    def _forget_weight_grads_of(self, module: str) -> None:
+        """Read no more weight gradients of ``module``; those of the others go on."""
+        kept = [i for i, (target, _) in enumerate(self._grad_owners) if target.name != module]
+        self._grad_owners = [self._grad_owners[i] for i in kept]
+        self._grad_params = [self._grad_params[i] for i in kept]
+        self._grads_read = {key: read for key, read in self._grads_read.items() if key[0] != module}
+        if self._moments is not None:
+            self._moments.remove()  # its hooks come back with the others' at the next sync
+            self._moments = None
+            if self._grad_params:
+                self._moments = GradientMoments(
+                    self._grad_params, self._options.optimizers, self._read_weight_grads
+                )
+
     def _release_weight_grads(self) -> None:
         if self._moments is not None:
             self._moments.remove()
