@@ -76,7 +76,9 @@ def watch(
             None for the default ``Schedule(every=100, dense=10)``, with the gradients'
             sentinel between recorded steps where the model is on an accelerator.
         kinds: kinds to record: ``activation``, ``grad``, ``weight``, ``weight_grad`` by
-            default; also ``input``, ``update`` (needs ``optimizer``) and ``buffer``.
+            default; also ``input``, ``input_grad`` (the gradient with respect to each
+            input that needs one, through the module alone), ``update`` (needs
+            ``optimizer``) and ``buffer``.
         include: which modules to watch, one item or a list of them, any one of which may
             pick a module: a regex searched in qualified module names (one that matches a
             whole name picks that module even if it is a container or a block without
@@ -108,7 +110,7 @@ def watch(
             passes the steps it had done, so that its steps (and ``every``) go on from there.
         tensors: whole tensors to keep in the run, beside the statistics: a regex (or list)
             of module names, or a dict with keys ``include``, ``exclude``, ``types``,
-            ``kinds`` (some of ``activation``, ``grad``, ``input``, ``weight_grad``,
+            ``kinds`` (some of ``activation``, ``grad``, ``input``, ``input_grad``, ``weight_grad``,
             ``weight``; default activations and output gradients; ``weight_grad`` is read
             where the statistics read it, just before the optimizer's step), ``every`` (keep
             them every N-th step; default: the steps that record statistics),

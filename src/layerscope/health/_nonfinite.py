@@ -16,7 +16,7 @@ from layerscope.health._readings import Flush, Reading
 # Where a step's values come from, in the order they are computed: the forward pass (its
 # inputs, then outputs), the backward pass, then what the optimizer step reads and writes.
 _FORWARD = ("input", "activation")
-_BACKWARD = ("grad", "weight_grad")
+_BACKWARD = ("grad", "input_grad", "weight_grad")
 _AFTER = ("update", "weight", "buffer")
 
 

@@ -16,6 +16,7 @@ from layerscope.hooks._attention import AttentionWatch
 from layerscope.hooks._cost import CostMeter
 from layerscope.hooks._grad_moment import GradientMoments
 from layerscope.hooks._handles import HookHandles, ModuleClaims, in_backward
+from layerscope.hooks._input_grads import InputGradients, hooked_inputs
 from layerscope.hooks._layers import LayerHooks
 from layerscope.hooks._noise_scale import NoiseScale
 from layerscope.hooks._nonfinite_stop import nonfinite_error, stop_schedule
@@ -30,6 +31,7 @@ __all__ = [
     "CostMeter",
     "GradientMoments",
     "HookHandles",
+    "InputGradients",
     "InputNames",
     "LayerHooks",
     "MicroBatchScalars",
@@ -38,6 +40,7 @@ __all__ = [
     "ParameterReads",
     "StepCall",
     "StepClock",
+    "hooked_inputs",
     "in_backward",
     "named_tensors",
     "nonfinite_error",

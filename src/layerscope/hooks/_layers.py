@@ -102,11 +102,7 @@ class LayerHooks:
 
     @property
     def calls(self) -> list[CallEvent]:
-        """The call order of every recorded step so far, each event with its step.
-
-        Each is the enter and exit order of the watched modules in the step's first training
-        pass (see ``CallLog`` for how a repeated order is sent short).
-        """
+        """Each recorded step's call order: its first training pass's enters and exits."""
         return self._call_log.every_step()
 
     # ---------------------------------------------------------------- registration
@@ -155,6 +151,10 @@ class LayerHooks:
         self._sync_call_log(wanted)
         for sync in self._followers:
             sync()
+
+    def training_call(self, module: str) -> int:
+        """The index of ``module``'s training call now under way (its exit counts it)."""
+        return self._call_counts.get((module, TRAIN), 0)
 
     def follow(self, sync: Callable[[], None]) -> None:
         """Call ``sync`` wherever these hooks are synced: as a pass begins, as a step ends."""

@@ -44,7 +44,7 @@ def nonfinite_error(recorder: Recorder, step: int, skipped: bool = False) -> Non
 
 
 # What a loss scaled too far makes non-finite while the forward pass stays finite.
-_GRADIENTS = ("grad", "weight_grad")
+_GRADIENTS = ("grad", "input_grad", "weight_grad")
 
 
 def _nonfinite(recorder: Recorder, step: int) -> list[int]:
@@ -77,6 +77,7 @@ def _message(identity: Identity, step: int) -> str:
         "activation": "in the forward pass",
         "input": "in the forward pass",
         "grad": "in the backward pass",
+        "input_grad": "in the backward pass",
         "weight_grad": "in the backward pass",
     }.get(identity.kind.value, "in the optimizer step")
     name = identity.module or "the model"

@@ -86,15 +86,18 @@ class InputNames:
 
         return names
 
+    def name_at(self, index: int) -> str:
+        """The name of the positional argument at ``index``: its parameter's, or the index."""
+        positional = self._positional
+        return positional[index] if index < len(positional) else str(index)
+
     def named(
         self, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None
     ) -> Iterator[tuple[str, Tensor]]:
         """The tensors among a call's arguments, each with its name."""
-        positional = self._positional
         for index, value in enumerate(args):
-            name = positional[index] if index < len(positional) else str(index)
             # depth 1: as deep as when the arguments were walked as one tuple
-            yield from named_tensors(value, f"in.{name}", 1)
+            yield from named_tensors(value, f"in.{self.name_at(index)}", 1)
         for key, value in (kwargs or {}).items():
             yield from named_tensors(value, f"in.{key}", 1)
 

@@ -12,6 +12,7 @@ class Kind(str, Enum):
     ACTIVATION = "activation"  # forward output
     INPUT = "input"  # forward input, before the module runs
     GRAD = "grad"  # gradient with respect to the forward output
+    INPUT_GRAD = "input_grad"  # gradient with respect to a forward input, through the module
     WEIGHT = "weight"  # parameters after the optimizer step
     WEIGHT_GRAD = "weight_grad"  # parameter gradients, accumulated, before the optimizer step
     UPDATE = "update"  # parameter change made by the optimizer step

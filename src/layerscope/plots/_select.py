@@ -29,6 +29,7 @@ DEFAULT_TENSOR = {
     "activation": "out",
     "grad": "out",
     "input": "in.0",
+    "input_grad": "in.0",
     "weight": "weight",
     "weight_grad": "weight",
     "update": "weight",

@@ -28,6 +28,7 @@ from layerscope.health import HealthMonitor
 from layerscope.hooks import (
     AttentionWatch,
     CostMeter,
+    InputGradients,
     LayerHooks,
     MicroBatchScalars,
     ModuleClaims,
@@ -38,14 +39,7 @@ from layerscope.hooks import (
     nonfinite_error,
     stop_schedule,
 )
-from layerscope.model import (
-    Identities,
-    Kind,
-    is_compiled,
-    module_tree,
-    selected,
-    unwrap,
-)
+from layerscope.model import Identities, Kind, is_compiled, module_tree, selected, unwrap
 from layerscope.recording import Recorder, Target
 from layerscope.scope import _lifecycle as lifecycle
 from layerscope.scope._readback import RecordedReads
@@ -103,7 +97,7 @@ class Scope(RecordedReads):
 
         targets = selected(self._root, config.selection)
         self._targets = [(Target(name, type(m).__name__), m) for name, m in targets]
-        # Another open scope on the same modules would double every hook (a re-run cell).
+        # Another open scope on the same modules would double every hook: refused.
         self._claims = ModuleClaims.claim([self._root, *(m for _, m in targets)], self)
         self._modules = module_tree(self._root, {name for name, _ in targets})
 
@@ -174,6 +168,10 @@ class Scope(RecordedReads):
                                          self._recorder, self._meter, self._fail)  # fmt: skip
         if config.attention:  # a watch without it does nothing of it as passes begin
             self._layers.follow(self._attention.sync)
+        hooked = self._targets if Kind.INPUT_GRAD in config.kinds else []
+        self._input_grads = InputGradients(hooked, self._clock, self._recorder, self._meter,
+                                           self._fail, self._layers.training_call)  # fmt: skip
+        self._layers.follow(self._input_grads.sync)
         self._whole: WholeTensors | None = None
         try:
             self._layers.register()
@@ -258,8 +256,7 @@ class Scope(RecordedReads):
     def flush(self) -> None:
         """Wait until what the steps so far recorded is written to the run and every sink.
 
-        Call it between steps. Training never needs it: the writer thread keeps up on its own.
-        It is for reading a run while it trains, and for timing the writer's share of the cost.
+        Call it between steps, to read a run while it trains: training never needs it.
         """
         self._check_open("flush")
         self._flush_so_far()
@@ -277,9 +274,8 @@ class Scope(RecordedReads):
     def _flush_so_far(self, doing: str = "flushing") -> None:
         """Send what is complete now: evaluation rows, scalars, the sentinel's readings.
 
-        Training rows of the step in progress stay with the writer until the step ends, when
-        they are merged with the rest of the step's; an ended step's rows that waited for its
-        scalars go whole. ``doing`` names it in a failure's warning.
+        The step in progress's training rows wait for its end; an ended step's rows that
+        waited for its scalars go whole. ``doing`` names it in a failure's warning.
         """
         try:
             self._recorder.send_complete()
@@ -290,9 +286,8 @@ class Scope(RecordedReads):
         """Remove every hook and finish recording; what the current step has so far is kept.
 
         Args:
-            status: how the run ended, saved with it: ``"finished"`` or ``"failed"`` (leaving
-                the ``with`` on an exception passes ``"failed"``; so does the close at exit
-                of a script that died of an exception).
+            status: how the run ended, saved with it: ``"finished"``, or ``"failed"`` (as an
+                exception leaving the ``with`` or ending the script passes).
             timeout: seconds to wait for the writer to finish the run; None waits for it.
                 If it has not finished by then, a warning says so and the writer goes on.
 
@@ -315,6 +310,7 @@ class Scope(RecordedReads):
             self._parameters.remove()
             self._noise.remove()
             self._attention.remove()
+            self._input_grads.remove()
             self._claims.release()
             if self._whole is not None:
                 self._whole.close(timeout)
@@ -364,7 +360,9 @@ class Scope(RecordedReads):
             self._recorder.add_scalars(clock.step, {"skipped": 1.0})
         try:
             # With an optimizer, the step's scalars come after its end (see step()).
-            self._recorder.end_step(clock.step_records, scalars_follow=bool(self._parameters.optimizers))
+            self._recorder.end_step(
+                clock.step_records, scalars_follow=bool(self._parameters.optimizers)
+            )
         except Exception as error:
             self._fail("flushing a step", error)
         self._layers.step_ended(stepped=not skipped)

@@ -13,20 +13,27 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from functools import partial
 from types import TracebackType
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from layerscope.hooks import HookHandles, InputNames, in_backward, named_tensors
+from layerscope.hooks import (
+    HookHandles,
+    InputNames,
+    hooked_inputs,
+    in_backward,
+    named_tensors,
+)
 from layerscope.model import Kind, html_table, select, unwrap
 from layerscope.tensors._keeping import TRAIN, Target, ValueKeeper
 from layerscope.tensors._options import CaptureOptions
 
 EVAL = "eval"
 # The kinds that hook the modules' passes; weight gradients hook the parameters.
-PASS_KINDS = frozenset((Kind.ACTIVATION, Kind.GRAD, Kind.INPUT))
+PASS_KINDS = frozenset((Kind.ACTIVATION, Kind.GRAD, Kind.INPUT, Kind.INPUT_GRAD))
 
 
 class Capture(ValueKeeper):
@@ -247,6 +254,10 @@ class Capture(ValueKeeper):
                 hook = self._input_hook(target, input_names(module))
                 pre = module.register_forward_pre_hook(hook, with_kwargs=True)
                 self._handles.add(pre)
+            if Kind.INPUT_GRAD in self._options.kinds:
+                hook = self._input_grad_hook(target, input_names(module))
+                pre = module.register_forward_pre_hook(hook, with_kwargs=True)
+                self._handles.add(pre)
             # Also for inputs alone: it counts the calls.
             output_hook = self._output_hook(target)
             self._handles.add(module.register_forward_hook(output_hook, with_kwargs=True))
@@ -265,6 +276,35 @@ class Capture(ValueKeeper):
             self._warn_pending()
 
         return hook
+
+    def _input_grad_hook(self, target: Target, names: InputNames) -> Callable[..., Any]:
+        def hook(
+            module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+            if self._closed or module is not target.module() or in_backward():
+                return None
+            step = self._hook_step()
+            if not (self._keeps_value_of(step) and torch.is_grad_enabled()):
+                return None
+            phase = self._phase()
+            call = self._calls.get((target.name, phase, step), 0)  # the output hook counts it
+            on_grad = partial(self._on_input_grad, target, step, phase, call)
+            try:
+                return hooked_inputs(tuple(args), kwargs, names, on_grad)
+            except Exception as error:
+                self._failures.record(f"hooking the inputs of {target.name!r}", error)
+                return None
+
+        return hook
+
+    def _on_input_grad(
+        self, target: Target, step: int, phase: str, call: int, name: str, grad: Tensor | None
+    ) -> None:
+        # After close() or remove() a graph built before may still run backward.
+        if self._closed or grad is None or target not in self._targets:
+            return
+        self._offer(target, Kind.INPUT_GRAD, name, step, phase, call, grad)
+        self._warn_pending()
 
     def _output_hook(self, target: Target) -> Callable[..., None]:
         kinds = self._options.kinds

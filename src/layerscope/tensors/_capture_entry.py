@@ -58,7 +58,10 @@ def capture(
             no children, as ``watch`` chooses.
         kinds: some of ``"activation"`` (forward output), ``"grad"`` (gradient with respect
             to the forward output, through a tensor hook, so in-place ops are safe),
-            ``"input"`` (forward input, before the module runs) and ``"weight_grad"`` (each
+            ``"input"`` (forward input, before the module runs), ``"input_grad"`` (the
+            gradient with respect to each input that needs one, through this module alone,
+            as torchfunc's ``BackwardInput`` gives it; an input the module changes in place
+            has none) and ``"weight_grad"`` (each
             parameter's gradient as the optimizer sees it, one record per parameter and step:
             read where ``watch`` reads it for statistics, just before ``optimizer``'s step,
             or without one when each backward pass ends, after DDP's all-reduce; the last

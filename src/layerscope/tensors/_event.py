@@ -15,7 +15,7 @@ class Event:
     Attributes:
         module: the module itself (``type(event.module)`` is tensor_tracker's ``type``).
         name: its qualified name (``named_modules()``; ``""`` is the root).
-        kind: ``"activation"``, ``"grad"``, ``"input"`` or ``"weight_grad"``.
+        kind: ``"activation"``, ``"grad"``, ``"input"``, ``"input_grad"`` or ``"weight_grad"``.
         tensor: the tensor's name inside the output, input or module: ``out``, ``out.0``,
             ``in.mask``, ``weight``.
         step: the capture's step.

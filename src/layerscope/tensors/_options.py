@@ -17,7 +17,7 @@ from layerscope.tensors._event import Event
 from layerscope.tensors._records import Record
 from layerscope.tensors._reductions import Reduction, parse_reduction
 
-KINDS = (Kind.ACTIVATION, Kind.GRAD, Kind.INPUT, Kind.WEIGHT_GRAD)
+KINDS = (Kind.ACTIVATION, Kind.GRAD, Kind.INPUT, Kind.INPUT_GRAD, Kind.WEIGHT_GRAD)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,7 +94,7 @@ class CaptureOptions:
 
 
 def parse_kinds(kinds: object) -> frozenset[Kind]:
-    """``kinds``: some of ``activation``, ``grad``, ``input``, ``weight_grad``."""
+    """``kinds``: some of ``activation``, ``grad``, ``input``, ``input_grad``, ``weight_grad``."""
     names = ", ".join(kind.value for kind in KINDS)
     items = (kinds,) if isinstance(kinds, str | Kind) else kinds
     if not isinstance(items, Iterable):

@@ -21,7 +21,8 @@ class Record:
         module: the module's qualified name (``named_modules()``; ``""`` is the root).
         type: the module's class name, e.g. ``"Linear"``.
         kind: ``"activation"`` (forward output), ``"grad"`` (gradient with respect to the
-            forward output), ``"input"`` (forward input), ``"weight_grad"`` (a parameter's
+            forward output), ``"input"`` (forward input), ``"input_grad"`` (gradient with
+            respect to a forward input, through the module), ``"weight_grad"`` (a parameter's
             gradient as the optimizer sees it) or ``"weight"``.
         tensor: the tensor inside the output or input, or the parameter: ``out``, ``out.0``,
             ``out.logits``, ``in.0``, ``in.mask``, ``weight``.
