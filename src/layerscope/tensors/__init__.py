@@ -23,6 +23,7 @@ from layerscope.tensors._recordset import RecordSet, SavedCapture, load_capture
 from layerscope.tensors._render import PCA, HeatMap, Histogram
 from layerscope.tensors._skipped import SkippedTensorError
 from layerscope.tensors._spec import TensorsSpec, parse_tensors
+from layerscope.tensors._values import SavedObject
 from layerscope.tensors._video import Video
 from layerscope.tensors._video_writer import (
     VideoWriter as VideoWriter,  # plots' MP4s; not in __all__
@@ -43,6 +44,7 @@ __all__ = [
     "RecordSet",
     "RunTensors",
     "SavedCapture",
+    "SavedObject",
     "SkippedTensorError",
     "TensorOutlet",
     "TensorWorkers",

@@ -322,8 +322,12 @@ class Capture(ValueKeeper):
             key = (target.name, phase, step)
             call = self._calls.get(key, 0)
             self._calls[key] = call + 1
+            whole = self._options.whole_outputs and Kind.ACTIVATION in kinds
+            if whole and output is not None:
+                self._offer(target, Kind.ACTIVATION, "out", step, phase, call, output, args,
+                            kwargs, whole=True)  # fmt: skip
             for name, tensor in named_tensors(output, "out"):
-                if Kind.ACTIVATION in kinds:
+                if Kind.ACTIVATION in kinds and not whole:
                     self._offer(
                         target, Kind.ACTIVATION, name, step, phase, call, tensor, args, kwargs
                     )

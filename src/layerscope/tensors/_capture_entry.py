@@ -36,6 +36,7 @@ def capture(
     max_bytes: int | None = None,
     stash: Callable[[Event], Any] | None = None,
     optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+    whole_outputs: bool = False,
 ) -> Capture:
     """Keep whole tensors of chosen modules: outputs, output gradients, inputs, weight gradients.
 
@@ -90,6 +91,13 @@ def capture(
         optimizer: the optimizer (or a list) whose step reads ``"weight_grad"``: after
             accumulation, unscaling and clipping. Without one, gradients are read when each
             backward ends.
+        whole_outputs: keep each call's output whole, as tensor_tracker does: one
+            ``activation`` record (``tensor="out"``, ``record.whole`` True) holding the tuple,
+            list, dict, dataclass or Hugging Face ``ModelOutput`` the module returned, its
+            non-tensor fields as they are and each tensor copied (``stash_value`` applied to
+            each). ``save()`` keeps the structure (a dataclass or ``ModelOutput`` loads as a
+            ``SavedObject``: its fields by name, as items and attributes); ``to_frame()``
+            still gives a row per tensor (``out.0``, ``out.logits``). Not with ``reduction``.
 
     Returns:
         A ``Capture``: ``records`` (a list of ``Record``), ``step()``, ``to_frame()``,
@@ -132,5 +140,6 @@ def capture(
         root=unwrap(model),
         stash=stash,
         optimizer=optimizer,
+        whole_outputs=whole_outputs,
     )
     return Capture(model, options)

@@ -28,7 +28,13 @@ from layerscope.tensors._options import CaptureOptions
 from layerscope.tensors._records import Record
 from layerscope.tensors._recordset import RecordSet
 from layerscope.tensors._reductions import Reduction
-from layerscope.tensors._values import detached, kept_value, value_bytes, value_size
+from layerscope.tensors._values import (
+    detached,
+    kept_value,
+    map_tensors,
+    value_bytes,
+    value_size,
+)
 
 TRAIN = "train"
 
@@ -94,10 +100,13 @@ class ValueKeeper(RecordSet):
         tensor: Tensor,
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
+        whole: bool = False,
     ) -> None:
-        """Keep ``tensor`` if the condition says so; a failure is counted, never raised."""
+        """Keep ``tensor`` (``whole``: an output) if the condition says so; failures counted."""
         try:
-            prepared = self._prepare(target, kind, name, step, phase, call, tensor, args, kwargs)
+            prepared = self._prepare(
+                target, kind, name, step, phase, call, tensor, args, kwargs, whole
+            )
             if prepared is not None:
                 with self._lock:
                     self._store(*prepared)
@@ -115,11 +124,15 @@ class ValueKeeper(RecordSet):
         tensor: Tensor,
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
+        whole: bool = False,
     ) -> tuple[Record, Any] | None:
-        """The record of ``tensor`` and what to keep of it, or None where ``condition`` says no."""
+        """The record of ``tensor`` and what to keep of it, or None where ``condition`` says no.
+
+        ``whole``: ``tensor`` is a module's whole output, a structure of tensors and more.
+        """
         options = self._options
         with torch.no_grad():
-            value: Any = tensor.detach()
+            value: Any = detached(tensor) if whole else tensor.detach()
             record = Record(
                 module=target.name,
                 type=target.type,
@@ -129,6 +142,7 @@ class ValueKeeper(RecordSet):
                 phase=phase,
                 call=call,
                 value=value,
+                whole=whole,
             )
             if options.condition is not None and not options.condition(record):
                 return None
@@ -140,7 +154,8 @@ class ValueKeeper(RecordSet):
                 )  # fmt: skip
                 value = detached(options.stash(event))
             elif options.stash_value is not None:
-                value = detached(options.stash_value(value))
+                stash_value = options.stash_value
+                value = detached(map_tensors(value, stash_value) if whole else stash_value(value))
             if not self._any_value and not isinstance(value, Tensor):
                 raise TypeError(
                     f"stash_value: expected a function returning a Tensor, got "

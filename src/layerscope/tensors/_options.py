@@ -34,6 +34,7 @@ class CaptureOptions:
     max_bytes: int | None
     stash: Callable[[Event], Any] | None = None
     optimizers: tuple[torch.optim.Optimizer, ...] = ()
+    whole_outputs: bool = False
 
     @classmethod
     def from_arguments(
@@ -52,11 +53,19 @@ class CaptureOptions:
         root: nn.Module | None = None,
         stash: object = None,
         optimizer: object = None,
+        whole_outputs: object = False,
     ) -> CaptureOptions:
         """Check ``capture()``'s arguments; module objects are found in ``root`` if given."""
         if stash is not None and stash_value is not None:
             raise ValueError(
                 "stash, stash_value: give one of them; stash(event) can apply stash_value itself"
+            )
+        if not isinstance(whole_outputs, bool):
+            raise TypeError(f"whole_outputs: expected True or False, got {whole_outputs!r}")
+        if whole_outputs and reduction is not None:
+            raise ValueError(
+                "whole_outputs, reduction: a reduction folds tensors one by one; keep outputs "
+                "whole or reduce them, not both"
             )
         return cls(
             selection=Selection(
@@ -75,6 +84,7 @@ class CaptureOptions:
             ),
             stash=_callable_or_none(stash, "stash", "fn(event) -> value"),
             optimizers=tuple(parse_optimizers(optimizer)),
+            whole_outputs=whole_outputs,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,6 +100,7 @@ class CaptureOptions:
             "every": self.every,
             "device": None if self.device is None else str(self.device),
             "max_bytes": self.max_bytes,
+            "whole_outputs": self.whole_outputs,
         }
 
 

@@ -34,6 +34,9 @@ class Record:
             what ``stash_value`` or ``stash`` returned (a float, a tuple, ...), each tensor in
             a tuple, list or dict of it such a copy.
         count: how many tensors ``value`` reduces (1 without a ``reduction``).
+        whole: ``value`` is a module's whole output, kept as the module returned it
+            (``capture(whole_outputs=True)``): a structure whose tensors are named from
+            ``tensor`` as records of them would be (``out.0``, ``out.logits``).
     """
 
     module: str
@@ -45,6 +48,7 @@ class Record:
     call: int
     value: Any
     count: int = 1
+    whole: bool = False
 
     def metadata(self) -> dict[str, str | int]:
         """Every field but ``value``, as a dict."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 from torch import Tensor
 
 from layerscope._imports import require
+from layerscope.hooks import named_tensors
 from layerscope.tensors._parts import is_parts_directory, read_parts
 from layerscope.tensors._records import METADATA, Record
 from layerscope.tensors._save import INDEX, read_records, write_records
@@ -49,11 +51,12 @@ class RecordSet:
     ) -> Any:
         """A pandas DataFrame: one row per record, with ``stat`` of its value.
 
-        A value that is not a tensor (what ``stash`` or ``stash_value`` returned) has its
-        type's name as ``dtype`` and None as ``shape``; its statistic is taken of its first
-        value (the first element of nested tuples and lists, as tensor_tracker's
-        ``first_value``): ``stat`` of a tensor, a number as it is (a statistic already),
-        None for anything else.
+        A module's output kept whole (``record.whole``) gives a row per tensor in it, named
+        as records of them would be (``out.0``, ``out.logits``). A value that is not a
+        tensor (what ``stash`` or ``stash_value`` returned) has its type's name as ``dtype``
+        and None as ``shape``; its statistic is taken of its first value (the first element
+        of nested tuples and lists, as tensor_tracker's ``first_value``): ``stat`` of a
+        tensor, a number as it is (a statistic already), None for anything else.
 
         Args:
             stat: a function of a tensor to a scalar (a 0-d tensor or a number); integer and
@@ -67,8 +70,7 @@ class RecordSet:
         pandas = require("pandas", "dataframe")
         name: str = stat_name or getattr(stat, "__name__", None) or "stat"
         rows = []
-        for record in self._records:
-            value = record.value
+        for record, value in _each_value(self._records):
             row: dict[str, Any] = record.metadata()
             if isinstance(value, Tensor):
                 row["dtype"] = str(value.dtype).removeprefix("torch.")
@@ -93,8 +95,9 @@ class RecordSet:
 
         ``layerscope.load_capture(dir)`` reads them back, values bit for bit. Nothing is
         pickled: a value that is not a tensor is saved as JSON when it is a number, a string,
-        None, or a tuple, list or str-keyed dict of those and of tensors (a namedtuple comes
-        back as a tuple); another object raises TypeError naming its record. Needs
+        None, or a tuple, list, str-keyed dict or mapping, namedtuple or dataclass of those
+        and of tensors (a dataclass or mapping of its own class comes back as a
+        ``SavedObject``); another object raises TypeError naming its record. Needs
         ``pip install 'layerscope[capture]'`` (safetensors).
 
         Args:
@@ -105,6 +108,16 @@ class RecordSet:
             The directory.
         """
         return write_records(self._records, dir, self._info(), overwrite=overwrite)
+
+
+def _each_value(records: list[Record]) -> Iterator[tuple[Record, Any]]:
+    """Each record with its value, a whole output's tensors each as a record of its own."""
+    for record in records:
+        if not record.whole or isinstance(record.value, Tensor):
+            yield record, record.value
+            continue
+        for name, tensor in named_tensors(record.value, record.tensor):
+            yield replace(record, tensor=name, value=tensor, whole=False), tensor
 
 
 class SavedCapture(RecordSet):

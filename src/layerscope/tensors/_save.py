@@ -4,7 +4,9 @@
 value and its key there; values go into files of at most ``SHARD_BYTES`` each. A value that is
 not a tensor (what ``stash`` or ``stash_value`` returned) is written into the index as tagged
 JSON (``_values.encode``), the tensors inside it into the files; such a capture is version 2,
-one of tensors only version 1, as before. Nothing is pickled: loading a capture runs no code
+or 3 where a value holds a namedtuple, a dataclass or a mapping (which readers of version 2
+would take for a tensor), one of tensors only version 1, as before. A module's output kept
+whole says so (``"whole": true``). Nothing is pickled: loading a capture runs no code
 from the files. The index is written last, by an atomic rename, so a directory always holds a
 complete capture or none.
 """
@@ -25,12 +27,13 @@ from torch import Tensor
 
 from layerscope._imports import require
 from layerscope.tensors._records import METADATA, Record, is_compact
-from layerscope.tensors._values import decode, encode
+from layerscope.tensors._values import decode, encode, uses_objects
 
 INDEX = "capture.json"
 FORMAT = "layerscope.capture"
 VERSION = 1  # of a capture whose values are all tensors
 VALUES_VERSION = 2  # of one with other values too
+OBJECTS_VERSION = 3  # of one whose values hold namedtuples, dataclasses or mappings
 SHARD_BYTES = 1 << 30
 
 
@@ -90,12 +93,13 @@ def write_records(
         if isinstance(record.value, Tensor):
             entries.append({**record.metadata(), **add(record.value, key)})
             continue
-        version = VALUES_VERSION
         try:
             encoded = encode(record.value, partial(_add_numbered, add, key, count()))
         except TypeError as error:
             raise TypeError(f"save: record {number} ({record!r}): {error}") from None
-        entries.append({**record.metadata(), "value": encoded})
+        version = max(version, OBJECTS_VERSION if uses_objects(encoded) else VALUES_VERSION)
+        entry = {**record.metadata(), "value": encoded}
+        entries.append({**entry, "whole": True} if record.whole else entry)
     flush()
 
     index = {"format": FORMAT, "version": version, "files": files, "info": info}
@@ -135,7 +139,7 @@ def read_records(
             value = decode(entry["value"], lambda where: values[where["file"]][where["key"]])
         else:
             value = values[entry["file"]][entry["key"]]
-        records.append(Record(**metadata, value=value))
+        records.append(Record(**metadata, value=value, whole=entry.get("whole") is True))
     return records, dict(index.get("info", {}))
 
 
@@ -144,10 +148,11 @@ def _read_index(path: Path) -> dict[str, Any]:
     if not index_path.is_file():
         raise FileNotFoundError(f"dir: no capture in {str(path)!r} (no {INDEX})")
     index: dict[str, Any] = json.loads(index_path.read_text(encoding="utf-8"))
-    if index.get("format") != FORMAT or index.get("version") not in (VERSION, VALUES_VERSION):
+    versions = (VERSION, VALUES_VERSION, OBJECTS_VERSION)
+    if index.get("format") != FORMAT or index.get("version") not in versions:
         raise ValueError(
-            f"dir: {str(index_path)!r} is not a layerscope capture of version {VERSION} or "
-            f"{VALUES_VERSION}"
+            f"dir: {str(index_path)!r} is not a layerscope capture of version "
+            f"{', '.join(map(str, versions))}"
         )
     return index
 
