@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,38 @@ def test_bad_whole_outputs_arguments_say_what_was_expected() -> None:
         layerscope.capture(Model(), whole_outputs="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="whole_outputs, reduction"):
         layerscope.capture(Model(), whole_outputs=True, reduction="sum")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"namedtuple": {"type": "class", "fields": []}},  # fields not a mapping
+        {"object": {"fields": {}}},  # no type
+        {"namedtuple": {"type": "Pair", "fields": {"first": {"file": 9, "key": "x"}}}},
+    ],
+)
+def test_a_damaged_structure_is_that_records_clear_error(tmp_path: Path, damage: dict) -> None:
+    model = Model()
+    cap = _capture(model, include="^$", whole_outputs=True)
+    cap.save(tmp_path / "cap")
+    index_path = tmp_path / "cap" / "capture.json"
+    index = json.loads(index_path.read_text())
+    index["records"][0]["value"] = damage
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"record 0 of .* is damaged"):
+        layerscope.load_capture(tmp_path / "cap")
+
+
+def test_a_keyword_or_odd_type_name_still_loads(tmp_path: Path) -> None:
+    cap = _capture(nn.Sequential(nn.Identity()), include="0", whole_outputs=True)
+    cap.save(tmp_path / "cap")
+    index_path = tmp_path / "cap" / "capture.json"
+    index = json.loads(index_path.read_text())
+    tensor_ref = index["records"][0].pop("file"), index["records"][0].pop("key")
+    reference = {"file": tensor_ref[0], "key": tensor_ref[1]}
+    index["records"][0]["value"] = {"namedtuple": {"type": "class", "fields": {"def": reference}}}
+    index["version"] = 3
+    index_path.write_text(json.dumps(index))
+    (record,) = layerscope.load_capture(tmp_path / "cap").records
+    assert type(record.value).__name__ == "SavedTuple"
+    assert torch.equal(record.value[0], _x())

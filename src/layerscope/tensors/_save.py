@@ -133,14 +133,25 @@ def read_records(
             raise ValueError(f"dir: {str(path / INDEX)!r} names a file that is not a value file")
     values = [safetensors_torch.load_file(str(path / name), device=str(device)) for name in files]
     records = []
-    for entry in index["records"]:
-        metadata = {name: entry[name] for name in METADATA}
-        if "value" in entry:
-            value = decode(entry["value"], lambda where: values[where["file"]][where["key"]])
-        else:
-            value = values[entry["file"]][entry["key"]]
-        records.append(Record(**metadata, value=value, whole=entry.get("whole") is True))
+    for number, entry in enumerate(index["records"]):
+        try:
+            records.append(_record(entry, values))
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as error:
+            raise ValueError(
+                f"dir: record {number} of {str(path / INDEX)!r} is damaged "
+                f"({type(error).__name__}: {error})"
+            ) from None
     return records, dict(index.get("info", {}))
+
+
+def _record(entry: dict[str, Any], values: list[dict[str, Tensor]]) -> Record:
+    """One record of the index, its tensors read from the loaded value files."""
+    metadata = {name: entry[name] for name in METADATA}
+    if "value" in entry:
+        value = decode(entry["value"], lambda where: values[where["file"]][where["key"]])
+    else:
+        value = values[entry["file"]][entry["key"]]
+    return Record(**metadata, value=value, whole=entry.get("whole") is True)
 
 
 def _read_index(path: Path) -> dict[str, Any]:

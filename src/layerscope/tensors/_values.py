@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import keyword
 import math
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
@@ -196,7 +197,8 @@ def decode(encoded: Any, tensor: Callable[[dict[str, Any]], Tensor]) -> Any:
     if "namedtuple" in encoded:
         saved = encoded["namedtuple"]
         fields = {key: decode(item, tensor) for key, item in saved["fields"].items()}
-        name = saved["type"] if str(saved["type"]).isidentifier() else "SavedTuple"
+        name = str(saved["type"])
+        name = name if name.isidentifier() and not keyword.iskeyword(name) else "SavedTuple"
         return collections.namedtuple(name, list(fields), rename=True)(*fields.values())
     if "object" in encoded:
         saved = encoded["object"]
