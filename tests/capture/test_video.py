@@ -6,6 +6,7 @@ on an injected clock, never by sleeping.
 
 from __future__ import annotations
 
+import json
 import pickle
 import tracemalloc
 import warnings
@@ -116,13 +117,73 @@ def test_video_appends_each_record_to_its_tensor_s_file_and_close_finishes_them(
     assert sorted(folder.iterdir()) == [first, second]
     assert [len(gif_frames(path)) for path in (first, second)] == [5, 5]
     assert gif_frames(first)[0].shape == (HEIGHT, WIDTH, 3)
-    # A worker started again (a fresh copy of the callback) starts a file of its own.
-    again = pickle.loads(pickle.dumps(video))
-    assert again(_record(torch.randn(4, 6), 5), tmp_path) == folder / (
+
+
+@pytest.mark.parametrize("fmt", ["gif", pytest.param("mp4", marks=NO_FFMPEG)])
+def test_a_worker_started_again_appends_to_the_videos_the_one_before_wrote(tmp_path, fmt):
+    video = Video(HeatMap(), format=fmt, fps=4)
+    values = [torch.randn(6, 8, generator=torch.Generator().manual_seed(n)) for n in range(7)]
+    for step in range(4):
+        video(_record(values[step], step), tmp_path)
+    video.close()  # as a worker ending after its callback failed
+    again = pickle.loads(pickle.dumps(video))  # the new worker's copy: no open file
+    for step in range(4, 7):
+        path = again(_record(values[step], step), tmp_path)
+    again.close()
+    folder = tmp_path / "videos" / "heatmap"
+    assert path == folder / f"blocks.0-activation-out-train.{fmt}"
+    assert sorted(p.name for p in folder.iterdir()) == [path.name]  # no -2, nothing hidden
+    read = gif_frames(path) if fmt == "gif" else mp4_frames(path)
+    assert len(read) == 7
+    # Each frame is its own step's: drawn alone, the same value gives the same picture.
+    alone = Video(HeatMap(), format=fmt, fps=4)
+    for step in range(7):
+        alone(_record(values[step], step), tmp_path / "alone")
+    alone.close()
+    expected = (gif_frames if fmt == "gif" else mp4_frames)(
+        tmp_path / "alone" / "videos" / "heatmap" / path.name
+    )
+    for got, want in zip(read, expected, strict=True):
+        assert np.abs(got.astype(int) - want.astype(int)).mean() < 4
+
+
+def test_a_resumed_writer_that_gets_no_frame_leaves_the_earlier_video_as_it_was(tmp_path):
+    path = tmp_path / "v.gif"
+    first = VideoWriter(path, fps=4)
+    for index in range(3):
+        first.append(frame(index))
+    first.close()
+    before = path.read_bytes()
+    resumed = VideoWriter(path, fps=4, resume=True)
+    assert resumed.close() == path
+    assert path.read_bytes() == before
+    discarded = VideoWriter(path, fps=4, resume=True)
+    discarded.append(frame(5))
+    discarded.discard()
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.gif"]
+    with pytest.raises(ValueError, match="frame: 10 x 10 pixels, and the video's are 512 x 288"):
+        VideoWriter(path, fps=4, resume=True).append(np.zeros((10, 10, 4), np.uint8))
+
+
+def test_a_damaged_video_index_begins_new_files_and_is_never_followed_out(tmp_path):
+    folder = tmp_path / "videos" / "histogram"
+    folder.mkdir(parents=True)
+    (tmp_path / "outside.gif").write_bytes(b"GIF89a not a video;")
+    key = ["blocks.0", "activation", "out", "train"]
+    index = tmp_path / "videos" / ".histogram.json"
+    index.write_text(json.dumps({"../../outside.gif": key}))
+    video = Video(Histogram(bins=8), format="gif", fps=2)
+    path = video(_record(torch.randn(4, 6), 0), tmp_path)
+    video.close()
+    assert path == folder / "blocks.0-activation-out-train.gif"
+    assert (tmp_path / "outside.gif").read_bytes() == b"GIF89a not a video;"
+    index.write_text("{not json")
+    again = Video(Histogram(bins=8), format="gif", fps=2)
+    assert again(_record(torch.randn(4, 6), 1), tmp_path) == folder / (
         "blocks.0-activation-out-train-2.gif"
     )
     again.close()
-    assert len(gif_frames(first)) == 5
 
 
 def test_video_checks_its_arguments(tmp_path):

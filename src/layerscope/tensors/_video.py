@@ -7,6 +7,9 @@ when the run ends (the scope's close stops the workers), which finishes every fi
 it its name; until then each is written beside it, as ``.<name>.partial.<suffix>``. Each
 frame's colour limits and axes are its own tensor's (later values are not known yet); its
 caption says the step.
+
+A worker that ends after a failure finishes its files too, and the one started after it goes
+on with each tensor's video: ``videos/.<what>.json`` says which file is whose.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from layerscope._imports import require
+from layerscope.tensors import _video_index as video_index
 from layerscope.tensors._records import Record
 from layerscope.tensors._render import PCA, HeatMap, Histogram, safe_name
 from layerscope.tensors._skipped import SkippedTensorError
 from layerscope.tensors._video_writer import FORMATS, VideoWriter
 
 Renderer = HeatMap | Histogram | PCA
+Key = tuple[str, str, str, str]  # module, kind, tensor, phase
 
 
 class Video:
@@ -29,10 +34,11 @@ class Video:
 
     The file of a tensor is ``<directory>/videos/<what>/<module>-<kind>-<tensor>-<phase>``
     ``.mp4`` (or ``.gif``), ``what`` the renderer's (``heatmap``, ``histogram``, ``pca``),
-    names made safe as the renderers' PNG files are. A tensor the renderer cannot draw (a
-    ``PCA`` of a 1-D bias) is skipped, with one warning naming it. A worker started again
-    after a failure starts new files (``...-2.mp4``) rather than overwrite the first. One
-    worker writes each file, so ``watch`` takes a ``Video`` with ``workers=1`` only.
+    names made safe as the renderers' PNG files are (``-2`` where two tensors' names would
+    meet). A tensor the renderer cannot draw (a ``PCA`` of a 1-D bias) is skipped, with one
+    warning naming it. A worker started again after a failure appends to the videos the one
+    before it wrote. One worker writes each file, so ``watch`` takes a ``Video`` with
+    ``workers=1`` only.
 
     Args:
         renderer: draws each frame: ``HeatMap()`` (the default), ``Histogram()`` or ``PCA()``.
@@ -59,9 +65,9 @@ class Video:
         self.renderer = renderer
         self.format = format
         self.fps = fps
-        self._writers: dict[tuple[str, str, str, str], VideoWriter] = {}
+        self._writers: dict[Key, VideoWriter] = {}
         # Tensors the renderer could not draw, and why: skipped at each step, warned of once.
-        self._undrawable: dict[tuple[str, str, str, str], str] = {}
+        self._undrawable: dict[Key, str] = {}
 
     def __repr__(self) -> str:
         return f"Video(renderer={self.renderer!r}, format={self.format!r}, fps={self.fps!r})"
@@ -106,7 +112,7 @@ class Video:
             raise SkippedTensorError(self._undrawable[key]) from error
         writer = self._writers.get(key)
         if writer is None:
-            writer = VideoWriter(self._free_path(Path(directory), record), self.fps)
+            writer = self._writer_for(key, Path(directory), record)
             self._writers[key] = writer
         writer.append(frame)
         return writer.path
@@ -133,6 +139,16 @@ class Video:
         canvas = FigureCanvasAgg(frames.figure)
         canvas.draw()  # type: ignore[no-untyped-call]
         return np.array(canvas.buffer_rgba())  # type: ignore[no-untyped-call]
+
+    def _writer_for(self, key: Key, directory: Path, record: Record) -> VideoWriter:
+        """The writer of ``key``'s video: on with an earlier worker's, or a new file."""
+        folder = directory / "videos" / self.renderer.what
+        earlier = video_index.files(folder, f".{self.format}").get(key)
+        if earlier is not None:
+            return VideoWriter(folder / earlier, self.fps, resume=True)
+        path = self._free_path(directory, record)
+        video_index.add(folder, path.name, key)
+        return VideoWriter(path, self.fps)
 
     def _free_path(self, directory: Path, record: Record) -> Path:
         folder = directory / "videos" / self.renderer.what
