@@ -15,6 +15,7 @@ from layerscope.cli._headroom import headroom_fields
 from layerscope.cli._layer_table import OVERVIEW, layers_table, measures_of
 from layerscope.cli._layers import module_types
 from layerscope.cli._open import open_run
+from layerscope.cli._rank_spread import rank_spread, spread_table
 from layerscope.cli._root_cause import root_cause_fields
 from layerscope.model import quote_identifier
 
@@ -63,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if scalars:
         output.fields("logged scalars: latest (first)", scalars)
     show_layers(output, opened, args)
+    show_spread(output, opened, args.phase)
     headroom = headroom_fields(opened, args.phase, args.rank)
     if headroom is not None:
         output.fields(*headroom)
@@ -141,6 +143,9 @@ def reach_fields(run: Run) -> list[tuple[str, str]]:
 
 def cost_fields(meta: dict[str, Any]) -> list[tuple[str, str]]:
     """What layerscope cost the training: time, dropped rows and scalars, failures."""
+    ranks = [entry for entry in meta.get("ranks") or () if isinstance(entry, dict)]
+    if len(ranks) > 1:
+        return _job_cost_fields(ranks)
 
     def count(name: str) -> str:
         return _format.number(meta.get(name))
@@ -155,6 +160,34 @@ def cost_fields(meta: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("scalars", f"{count('written_scalars')} written, {count('dropped_scalars')} dropped"),
         ("failures", count("failures")),
+    ]
+
+
+def _job_cost_fields(ranks: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The cost of a job of several ranks: counts summed, times of the slowest rank."""
+
+    def total(name: str) -> str:
+        values = [entry.get(name) for entry in ranks]
+        numbers = [value for value in values if isinstance(value, int | float)]
+        return _format.number(sum(numbers)) if numbers else _format.MISSING
+
+    def slowest(name: str) -> str:
+        timed = [(e[name], e["rank"]) for e in ranks if isinstance(e.get(name), int | float)]
+        if not timed:
+            return _format.MISSING
+        seconds, rank = max(timed)
+        return f"{_seconds(seconds)} on rank {rank}, the most of {len(ranks)} ranks"
+
+    return [
+        ("training thread", f"{slowest('cost_seconds')} (hooks and flushes)"),
+        ("writer thread", f"{slowest('writer_seconds')} (CPU)"),
+        (
+            "stats rows",
+            f"{total('recorded_rows')} recorded, {total('written_rows')} written, "
+            f"{total('dropped_rows')} dropped, over {len(ranks)} ranks",
+        ),
+        ("scalars", f"{total('written_scalars')} written, {total('dropped_scalars')} dropped"),
+        ("failures", total("failures")),
     ]
 
 
@@ -180,7 +213,10 @@ def show_layers(output: Output, run: Run, args: argparse.Namespace) -> None:
     """The layers table of ``args.phase`` and ``args.rank``, or a line saying there is none."""
     rank = _queries.lowest_rank(run) if args.rank is None else args.rank
     trends = _queries.layer_trends(run, args.phase, rank)
+    wrote = len(run.meta.get("ranks") or ())
     where = f"phase {args.phase}, rank {rank}"
+    if wrote > 1:
+        where += f" of {wrote}: --rank N shows another"
     if trends.empty:
         output.line(f"no statistics recorded for {where}")
         return
@@ -193,6 +229,19 @@ def show_layers(output: Output, run: Run, args: argparse.Namespace) -> None:
         output.line(f"no {kind} rows for {where}: see the run's kinds")
     table = layers_table(trends, module_types(run), measures, recorded, title)
     if table.rows:
+        output.table(table)
+
+
+def show_spread(output: Output, run: Run, phase: str) -> None:
+    """Where the run has several ranks: the modules whose ranks differ most."""
+    wrote = len(run.meta.get("ranks") or ())
+    if wrote < 2:
+        return
+    columns = _queries.stats_columns(run)
+    if "l2" not in columns:
+        return
+    table = spread_table(rank_spread(run, phase, columns), wrote)
+    if table is not None:
         output.table(table)
 
 

@@ -17,6 +17,11 @@ _MIN_SILENCE_SECONDS = 60.0
 _HEARTBEATS_MISSED = 10
 # The order in which ranks' statuses win the run's: one rank that crashed makes a crashed run.
 _STATUS_ORDER = ("crashed", "failed", "running")
+# Each rank's counters, kept with its summary: a job's cost is every rank's.
+RANK_COUNTERS = (
+    "recorded_rows", "written_rows", "dropped_rows", "written_scalars", "dropped_scalars",
+    "failures", "cost_seconds", "writer_seconds",
+)  # fmt: skip
 # The largest pid POSIX's pid_t (a signed 32-bit int) holds.
 _PID_MAX = 2**31 - 1
 
@@ -26,7 +31,8 @@ def combine_metas(metas: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
     Returns:
         The lowest rank's ``run.json`` with ``ranks``, a summary of each rank's (``rank``,
-        ``status``, ``steps``, ``host``, ``pid``, ``updated``), and ``status`` the run's.
+        ``status``, ``steps``, ``host``, ``pid``, ``updated`` and its ``RANK_COUNTERS``), and
+        ``status`` the run's.
     """
     meta = dict(metas[min(metas)])
     ranks: list[dict[str, Any]] = []
@@ -39,6 +45,7 @@ def combine_metas(metas: dict[int, dict[str, Any]]) -> dict[str, Any]:
                 "host": rank_meta.get("host"),
                 "pid": rank_meta.get("pid"),
                 "updated": rank_meta.get("updated"),
+                **{name: rank_meta.get(name) for name in RANK_COUNTERS},
             }
         )
     meta["status"] = _combined([entry["status"] for entry in ranks])
