@@ -20,37 +20,10 @@ if [ ! -x "$venv_bin/mkdocs" ]; then
 fi
 
 run_snippets() {
-  # Each snippet runs in one scratch folder, as a user would from a fresh directory: the
-  # Python ones first (they write the runs the shell ones read), in name order. A Python
-  # snippet whose first line is "# run: COMMAND" runs with that command (torchrun).
+  # scripts/run_snippets.py runs every snippet in one scratch folder and rewrites its output;
+  # "python" is the one beside mkdocs, as are the layerscope and torchrun the snippets call.
   local work=/tmp/layerscope-docs
-  rm -rf "$work"
-  mkdir -p "$work"
-  ln -s "$repo/examples" "$work/examples"
-  # One OpenMP thread per process: torchrun would otherwise print a warning that it set it.
-  export PATH="$venv_bin:$PATH" PYTHONUNBUFFERED=1 WANDB_SILENT=true OMP_NUM_THREADS=1
-  for snippet in docs/snippets/*.py; do
-    local name command
-    name=$(basename "$snippet" .py)
-    command="python"
-    if head -1 "$snippet" | grep -q '^# run: '; then
-      command=$(head -1 "$snippet" | sed 's/^# run: //')
-    fi
-    echo "docs: $command $snippet" >&2
-    (cd "$work" && $command "$repo/$snippet") >"docs/snippets/$name.out" 2>&1
-  done
-  # Shell snippets: each line a command, shown as "$ command" and followed by its output.
-  for snippet in docs/snippets/*.sh; do
-    local name
-    name=$(basename "$snippet" .sh)
-    echo "docs: $snippet" >&2
-    : >"docs/snippets/$name.out"
-    while IFS= read -r line; do
-      case "$line" in '' | '#'*) continue ;; esac
-      echo "\$ $line" >>"docs/snippets/$name.out"
-      (cd "$work" && bash -c "$line") >>"docs/snippets/$name.out" 2>&1
-    done <"$snippet"
-  done
+  PATH="$venv_bin:$PATH" python scripts/run_snippets.py --work "$work"
   # The figures of the demo's runs, shown in guides/dying-activations.md.
   for recipe in broken fixed; do
     for figure in dead_chart color_dim-activation; do

@@ -18,6 +18,7 @@ def _seed_and_threads():
 # The files that take longest, first: ``pytest -n 2 --dist loadfile`` hands files out in the
 # order collected, and one of these started last would run alone while the other worker idles.
 _LONGEST_FIRST = (
+    "tests/test_doc_outputs.py",
     "tests/test_examples.py",
     "tests/test_wheel.py",
     "tests/test_gpu_launches.py",
@@ -29,7 +30,6 @@ _LONGEST_FIRST = (
     "tests/test_benchmarks.py",
     "tests/capture/test_video.py",
     "tests/ui/test_ui_browser.py",
-    "tests/integration/test_integration_examples.py",
 )
 
 
