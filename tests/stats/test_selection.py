@@ -209,7 +209,7 @@ def test_an_unknown_kind_names_stats_and_lists_the_kinds(kind: object) -> None:
         parse_stats({kind: {"rms": rms}})
     message = str(raised.value)
     assert message.startswith(f"stats: unknown kind {kind!r}")
-    assert "activation, input, grad, weight, weight_grad, update, buffer" in message
+    assert "activation, input, grad, input_grad, weight, weight_grad, update, buffer" in message
 
 
 @pytest.mark.parametrize("value", [["absmax"], "absmax", rms])
