@@ -30,6 +30,7 @@ _LONGEST_FIRST = (
     "tests/test_benchmarks.py",
     "tests/capture/test_video.py",
     "tests/ui/test_ui_browser.py",
+    "tests/test_migrating_examples.py",
 )
 
 
