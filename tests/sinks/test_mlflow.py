@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from signed_values import magnitude_counts
 from torch import nn
 
 import layerscope
@@ -81,20 +82,23 @@ def test_metric_histories_are_the_recorded_statistics_at_their_steps(store, tmp_
             assert values == pytest.approx(group[stat].tolist(), rel=1e-12)
     assert "train/weight/0/weight/min" not in run.data.metrics  # not among the chosen stats
 
-    # One histograms artifact for the one flush at close: the occupied log2 bins of each row.
+    # One histograms artifact for the one flush at close: the occupied log2 bins of each sign
+    # of each row, which folded onto |x| are the histogram the run stored (the frame's).
     (listed,) = client.list_artifacts(sink.run_id, "layerscope/histograms")
     assert listed.path == "layerscope/histograms/steps-00000000-00000002.json"
     entries = artifact(client, sink.run_id, listed.path, tmp_path)
     assert len(entries) == len(frame)
     by_key = {(entry["step"], entry["name"]): entry for entry in entries}
+    below_zero = 0
     for record in frame.to_dict("records"):
         name = f"train/{record['kind']}/{record['module']}/{record['tensor']}/hist"
         entry = by_key[(record["step"], name)]
-        assert [count for count in entry["counts"] if count] == [
-            int(count) for count in record["hist"] if count
-        ]
-        assert len(entry["edges"]) == len(entry["counts"]) + 1
-        assert all(edge == 0 or math.log2(edge).is_integer() for edge in entry["edges"])
+        counts, edges = entry["counts"], entry["edges"]
+        assert magnitude_counts(counts, edges) == [int(c) for c in record["hist"] if c]
+        assert len(edges) == len(counts) + 1
+        assert all(math.log2(abs(edge)).is_integer() for edge in edges[1:-1])
+        below_zero += sum(n for n, upper in zip(counts, edges[1:], strict=True) if upper < 0)
+    assert below_zero > 0
 
 
 def test_alerts_are_a_count_metric_and_an_artifact(store, tmp_path):

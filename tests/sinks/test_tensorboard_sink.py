@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from signed_values import NON_FINITE, SIGNED_VALUES, Emit, signed_bins
 from torch import nn
 
 import layerscope
@@ -96,3 +97,47 @@ def test_each_attention_head_is_a_chart_of_its_entropy(tmp_path):
             logged = events.Scalars(f"train/attention/self_attn/head{head}/{column}")
             assert [e.step for e in logged] == rows.step.tolist() == [0, 1]
             assert [e.value for e in logged] == pytest.approx(rows[column].tolist(), rel=1e-6)
+
+
+def test_histograms_are_drawn_over_signed_values_and_replayed_as_magnitudes(tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from layerscope.cli import main
+
+    model = nn.Sequential(Emit())
+    sink = layerscope.sinks.TensorBoard(tmp_path / "tb")
+    watch = layerscope.watch(
+        model, every=1, run=tmp_path / "run", sinks=[sink], kinds=("activation",), alerts=False
+    )
+    with watch as scope:
+        model(torch.tensor(SIGNED_VALUES + NON_FINITE))
+        scope.step()
+
+    def written(folder):
+        events = EventAccumulator(str(folder), size_guidance={"histograms": 0})
+        events.Reload()
+        return events.Histograms("train/activation/0/out")[-1].histogram_value
+
+    histogram = written(tmp_path / "tb")
+    # TensorBoard draws bucket i from limit i-1 (min for the first) to limit i.
+    lefts = [histogram.min, *histogram.bucket_limit[:-1]]
+    occupied = [
+        (left, right, count)
+        for left, right, count in zip(lefts, histogram.bucket_limit, histogram.bucket, strict=True)
+        if count
+    ]
+    want = signed_bins(SIGNED_VALUES)
+    assert {right: count for _, right, count in occupied} == {up: n for (_, up), n in want.items()}
+    assert [left for left, _, _ in occupied[1:]] == sorted(low for low, _ in want)[1:]
+    assert sum(count for _, right, count in occupied if right < 0) == 5  # the negative values
+    assert (histogram.min, histogram.max) == (-8895.0, 3.0)
+    assert histogram.num == len(SIGNED_VALUES)  # Inf and NaN are inf_count and nan_count
+
+    # The run keeps magnitudes; replayed from it, the histogram is of |x| again.
+    assert main(["export", str(tmp_path / "run"), "--tensorboard", str(tmp_path / "again")]) == 0
+    capsys.readouterr()
+    replayed = written(tmp_path / "again")
+    assert replayed.min == 0.0
+    assert all(limit > 0 for limit in replayed.bucket_limit)
+    (stored,) = layerscope.load(tmp_path / "run").stats.query("module == '0'")["hist"]
+    assert [int(c) for c in replayed.bucket if c] == [int(c) for c in stored if c]

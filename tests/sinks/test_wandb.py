@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from signed_values import NON_FINITE, SIGNED_VALUES, Emit, magnitude_counts, signed_bins
 from torch import nn
 
 import layerscope
@@ -181,18 +182,22 @@ def test_statistics_scalars_and_histograms_reach_the_offline_run(offline):
         for stat in ("mean", "std", "absmax", "l2", "zero_frac", "nan_count"):
             assert_logged(rows, f"train/{kind}/{module}/{tensor}/{stat}", group.step, group[stat])
 
-    # Histograms of |x| over the occupied power-of-two bins, one per row of the stats table.
+    # Histograms of the values over the occupied power-of-two bins of each sign, one per row
+    # of the stats table: folded onto |x|, they are the run's log2 histogram.
+    negative = 0
     for record in frame.to_dict("records"):
         key = f"train/{record['kind']}/{record['module']}/{record['tensor']}/hist"
         (row,) = [row for row in rows if row.get("layerscope/step") == record["step"]]
         assert row[f"{key}/_type"] == "histogram"
-        nonzero = [int(count) for count in record["hist"] if count]
-        counts = row[f"{key}/values"]
-        assert [count for count in counts if count] == nonzero
-        assert sum(counts) == record["numel"] - record["nan_count"] - record["inf_count"]
-        bins = row[f"{key}/bins"]
+        counts, bins = row[f"{key}/values"], row[f"{key}/bins"]
         assert len(bins) == len(counts) + 1
-        assert all(edge == 0 or math.log2(edge).is_integer() for edge in bins[:-1])
+        assert magnitude_counts(counts, bins) == [int(count) for count in record["hist"] if count]
+        assert sum(counts) == record["numel"] - record["nan_count"] - record["inf_count"]
+        assert all(math.log2(abs(edge)).is_integer() for edge in bins[1:-1])
+        below_zero = sum(count for count, upper in zip(counts, bins[1:], strict=True) if upper < 0)
+        assert below_zero == round(record["neg_frac"] * record["numel"])  # no subnormal here
+        negative += below_zero
+    assert negative  # weights and gradients have values below zero, drawn there
 
     # The training step is the x-axis of every key logged, through patterns per kind.
     defined = metrics_defined(offline, sink.run_id)
@@ -292,7 +297,23 @@ def test_linear_histograms_get_finite_edges_around_their_open_ends(offline):
     bins = row["train/weight/0/weight/hist/bins"]
     assert all(math.isfinite(edge) for edge in bins)
     assert bins == sorted(bins)
+    assert bins[0] < 0 < bins[-1]  # values, signed already: nothing split
     assert sum(row["train/weight/0/weight/hist/values"]) == 32
+
+
+def test_values_below_zero_are_drawn_below_zero(offline):
+    sink = WandB()
+    model = nn.Sequential(Emit())
+    watch = layerscope.watch(model, every=1, sinks=[sink], kinds=("activation",), alerts=False)
+    with watch as scope:
+        model(torch.tensor(SIGNED_VALUES + NON_FINITE))
+        scope.step()
+    key = "train/activation/0/out/hist"
+    (row,) = [row for row in history(offline, sink.run_id) if f"{key}/bins" in row]
+    counts, bins = row[f"{key}/values"], row[f"{key}/bins"]
+    drawn = {(low, high): n for n, low, high in zip(counts, bins, bins[1:], strict=False) if n}
+    assert drawn == signed_bins(SIGNED_VALUES)  # -8895 in [-16384, -8192), ..., 3 in [2, 4)
+    assert len(counts) < 40  # the empty powers of two next to 0 are a bin each side
 
 
 def test_wandb_needs_its_extra(monkeypatch):

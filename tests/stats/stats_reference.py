@@ -140,6 +140,16 @@ def log2_reference(a: np.ndarray) -> np.ndarray:
     return np.bincount(index, minlength=LOG2_BINS)
 
 
+def signed_log2_reference(a: np.ndarray) -> np.ndarray:
+    """The log2 histogram split by sign: ``log2_reference`` of each sign's values, + first.
+
+    The sign is the sign bit (``np.signbit``): -0.0, -inf and a NaN with the bit set count as
+    negative.
+    """
+    negative = np.signbit(a)
+    return np.concatenate([log2_reference(a[~negative]), log2_reference(a[negative])])
+
+
 def reference_stats(a: np.ndarray, only_counts: bool = False) -> dict[str, float]:
     """What ``finalize`` should report for the values ``a``, straight from numpy."""
     finite = _finite(a, only_counts)

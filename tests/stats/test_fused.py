@@ -19,6 +19,7 @@ CASES = {
     "subnormal": torch.tensor([1e-39, -1e-39, 0.0]),
     "non_finite": torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0, -3.0]),
     "all_nan": torch.full((7,), float("nan")),
+    "signed_zeros_and_nan": torch.tensor([-0.0, 0.0, -1e-39, -float("nan"), float("nan"), -2.0]),
     "strided": torch.randn(64, 64).t()[::2].reshape(-1)[::3],
 }
 
@@ -30,6 +31,12 @@ def test_compiled_and_eager_kernels_agree(name):
     fused, fused_bins = _torch_kernels.fused_float32(x, with_bins=True)
     assert _torch_kernels.compile_state == "ready"
     assert torch.equal(fused_bins, eager_bins)
+    # The signed bins: the same slots, 256 more where the sign bit is set.
+    _, eager_signed = _torch_kernels.float32_partials_and_signed_bins(x.contiguous())
+    _, fused_signed = _torch_kernels.fused_float32(x, with_bins=True, signed=True)
+    assert torch.equal(fused_signed, eager_signed)
+    sign = torch.signbit(x.contiguous()).to(torch.int16)
+    assert torch.equal(fused_signed, eager_bins.to(torch.int16) + 256 * sign)
     # The kernel without bins is another compiled kernel: its sums may run in another order
     # (inductor's cache may hold one made for another thread count), so it is held to the same
     # bounds, not to the same bits.
@@ -47,7 +54,7 @@ def test_a_failing_compile_warns_once_and_falls_back_to_eager(monkeypatch):
     def broken(x):
         raise RuntimeError("no C compiler")
 
-    monkeypatch.setattr(_torch_kernels, "_compiled", {False: broken, True: broken})
+    monkeypatch.setattr(_torch_kernels, "_compiled", dict.fromkeys(_torch_kernels.KERNELS, broken))
     monkeypatch.setattr(_torch_kernels, "compile_state", "ready")
     x = torch.randn(100)
     with pytest.warns(LayerscopeWarning, match="no C compiler"):

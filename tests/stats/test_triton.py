@@ -20,9 +20,10 @@ from tests.stats.stats_reference import (
     headroom_reference,
     log2_reference,
     reference_row,
+    signed_log2_reference,
 )
 
-from layerscope.stats import Field, LinearHistogram, Log2Histogram
+from layerscope.stats import Field, LinearHistogram, Log2Histogram, SignedLog2Histogram
 from layerscope.stats._layout import WIDTH
 
 triton = pytest.importorskip("triton")
@@ -114,6 +115,24 @@ def test_float_rows_and_log2_histogram_match_float64(dtype: torch.dtype, numel: 
     else:
         counts = log2_reference(x.float().double().numpy())
     assert got[WIDTH:].tolist() == counts.tolist()
+
+
+@pytest.mark.parametrize("dtype", FLOATS + FP8)
+def test_the_log2_histogram_split_by_sign_matches_float64(dtype: torch.dtype) -> None:
+    x = _values(301, torch.float64, seed=2)  # more blocks than the programs: each one loops
+    x[1::5] = -x[1::5]  # -0.0, -inf, -NaN and negative subnormals among them
+    x = x.to(dtype)
+    got = _row_of(x, SignedLog2Histogram())
+    _check_row(got, x)
+    a = x.double().numpy() if dtype == torch.float64 else x.float().double().numpy()
+    assert got[WIDTH:].tolist() == signed_log2_reference(a).tolist()
+    tensors = [x[:100], x[100:107], x[107:]]  # a group: its programs' histograms per tensor
+    rows = torch.zeros(3, WIDTH + 2 * 256, dtype=torch.float64, device=DEVICE)
+    with _forced():
+        _triton.group_partials_into([t.to(DEVICE) for t in tensors], SignedLog2Histogram(), rows, 0)
+    for row, part in zip(rows.cpu(), tensors, strict=True):
+        b = part.double().numpy() if dtype == torch.float64 else part.float().double().numpy()
+        assert row[WIDTH:].tolist() == signed_log2_reference(b).tolist()
 
 
 @pytest.mark.parametrize("numel", SIZES)

@@ -2,7 +2,8 @@
 
 A sink's ``write(records)`` gets ``records.stats``, a ``StatsRows``: one flush's rows with
 integer keys and statistics as arrays. ``columns()`` gives every column by name (key columns
-decoded to Python values, statistics as float64 or int64 tensors), ``hist`` the histograms.
+decoded to Python values, statistics as float64 or int64 tensors), ``hist`` the histograms,
+and where the log2 histogram was counted split by sign, ``negative`` its negative half.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ class StatsRows:
     """Finalised rows of one flush: integer keys, statistics and histograms as arrays.
 
     ``len(rows)`` rows; ``columns()`` by name; ``hist`` a ``(rows, slots)`` float64 tensor of
-    counts (None without histograms) and ``hist_valid()`` which rows have one. ``step``,
+    counts (None without histograms) and ``hist_valid()`` which rows have one. A log2
+    ``hist`` counts magnitudes; where a sink asked for signed histograms, ``negative`` holds
+    each slot's count among the values whose sign bit is set (``-0.0`` in slot 0, -inf and
+    such NaN in slot 255), and ``hist - negative`` is the positive half. ``step``,
     ``identity`` and ``form`` are int64 tensors; the last two are codes into
     ``identities.identities`` and ``identities.forms``, for writers that build columns without
     a Python loop.
@@ -37,6 +41,7 @@ class StatsRows:
     custom: dict[str, list[Any]] = field(default_factory=dict)
     hist: Tensor | None = None  # (rows, slots) float64 counts (exact below 2**53), if kept
     sentinel: bool = False  # rows of the sentinel: only SENTINEL_STATS are there
+    negative: Tensor | None = None  # (rows, 256) float64: a log2 hist's negative half, if split
 
     def __len__(self) -> int:
         return int(self.step.shape[0])

@@ -23,7 +23,13 @@ from layerscope.recording._readings import (
     group_readings,
 )
 from layerscope.recording._recorder import Recorder
-from layerscope.recording._subjects import BatchOutlet, GroupEntry, Owner, Target
+from layerscope.recording._subjects import (
+    BatchOutlet,
+    GroupEntry,
+    Owner,
+    Target,
+    counted_histogram,
+)
 
 __all__ = [
     "BUFFER",
@@ -45,5 +51,6 @@ __all__ = [
     "Recorder",
     "Target",
     "arrive",
+    "counted_histogram",
     "group_readings",
 ]

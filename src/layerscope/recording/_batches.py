@@ -56,6 +56,7 @@ class Batch:
     evaluated: bool = False
     open_steps: tuple[int, int] = (0, 0)  # (training, evaluation)
     attention: list[AttentionRef] = field(default_factory=list)
+    signed_log2: bool = False  # the rows' histograms: the log2 one split by sign, 512 slots
 
 
 def arrive(batch: Batch) -> dict[int, Arrived]:

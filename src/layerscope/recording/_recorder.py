@@ -11,7 +11,6 @@ import numbers
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -22,8 +21,14 @@ from layerscope.recording._buffer import DeviceRows
 from layerscope.recording._custom import KindStats, compute_custom
 from layerscope.recording._nested import shape_of, values_of
 from layerscope.recording._readings import CustomRef, Readings
-from layerscope.recording._reads import check_strided, grouped, local_part, version_of
-from layerscope.recording._subjects import BatchOutlet, GroupEntry, Owner, Target
+from layerscope.recording._reads import Seen, check_strided, grouped, local_part, version_of
+from layerscope.recording._subjects import (
+    BatchOutlet,
+    GroupEntry,
+    Owner,
+    Target,
+    counted_histogram,
+)
 from layerscope.stats import CustomStat, HistogramSpec, write_group_partials, write_partials
 
 # A step with many forward passes (long evaluations, much gradient accumulation) flushes when
@@ -33,17 +38,6 @@ ROWS_PER_FLUSH = 4096
 # this many wait, or this many seconds have passed since the last flush.
 UNRECORDED_PER_FLUSH = 4096
 UNRECORDED_MAX_WAIT_SECONDS = 1.0
-
-
-class _Seen(NamedTuple):  # a NamedTuple: a frozen dataclass takes 0.7 us to make
-    """A tensor recorded since the last flush: which row holds its partials."""
-
-    tensor: weakref.ref[Tensor]  # a dead tensor's id may be reused: check it is the same
-    version: int  # in-place changes since bump it
-    buffer_id: int
-    row: int
-    custom: tuple[CustomRef, ...]
-    stats: Mapping[str, CustomStat]  # the custom statistics ``custom`` holds
 
 
 class Recorder:
@@ -58,7 +52,7 @@ class Recorder:
         fail: Callable[[str, BaseException], None],
         custom_by_kind: Mapping[str, Mapping[str, CustomStat]] | None = None,
     ) -> None:
-        self.histogram = histogram
+        self.histogram = counted_histogram(histogram, pipeline)  # split by sign where asked
         self.custom = KindStats(custom, custom_by_kind)  # custom statistics, by kind
         self.identities = identities
         self.pipeline = pipeline
@@ -74,7 +68,7 @@ class Recorder:
         # The first steps whose training and evaluation rows may still grow.
         self.open_steps: Callable[[], tuple[int, int]] = lambda: (0, 0)
         self._fail = fail
-        self._seen: dict[int, _Seen] = {}  # id(tensor) -> its row, until the next flush
+        self._seen: dict[int, Seen] = {}  # id(tensor) -> its row, until the next flush
         self._forms: dict[tuple[torch.dtype, tuple[int, ...], str | None], int] = {}
         self._identity_codes: dict[tuple[str, Kind, str, int, str], int] = {}
 
@@ -160,7 +154,7 @@ class Recorder:
         """Let a later reading of ``tensor``, unchanged, share its row."""
         version = version_of(tensor)
         if version is not None:
-            seen = _Seen(weakref.ref(tensor), version, buffer_id, index, custom, stats)
+            seen = Seen(weakref.ref(tensor), version, buffer_id, index, custom, stats)
             self._seen[id(tensor)] = seen
 
     def _add(
@@ -372,6 +366,7 @@ class Recorder:
                 evaluated,
                 self.open_steps(),
                 self.attention,
+                self.histogram is not None and self.histogram.signed,
             )
             self.pipeline.submit(batch)
         except Exception:

@@ -3,7 +3,9 @@
 A sink gets ``start(info)`` once, ``write(records)`` for every finished flush, ``flush()`` at
 the store's cadence and whenever a reader asks for everything so far, and ``close(summary)``
 at the end. All but ``start`` run on layerscope's writer thread, never in the training loop's
-hot path; a sink imports its heavy packages in ``start``.
+hot path; a sink imports its heavy packages in ``start``. A sink whose ``signed_histograms``
+is true (TensorBoard, W&B and MLflow with histograms) has the log2 histogram counted split by
+sign: its rows' ``negative`` holds the negative half.
 """
 
 from __future__ import annotations
@@ -157,6 +159,11 @@ class FanOut:
             raise
         finally:
             self._fail = None  # told of start only: holding it would pin its owner
+
+    @property
+    def signed_histograms(self) -> bool:
+        """Whether a sink draws histograms of signed values (its ``signed_histograms``)."""
+        return any(getattr(sink, "signed_histograms", False) for sink in self.sinks)
 
     def write(self, records: Records) -> None:
         """Give the records to every sink."""

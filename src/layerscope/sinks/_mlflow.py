@@ -17,7 +17,7 @@ from layerscope.sinks._tags import (
     ROOT,
     attention_values,
     chosen_stats,
-    histogram_bins,
+    row_bins,
     tagged_rows,
     value_bounds,
 )
@@ -71,12 +71,15 @@ class MLflow:
 
     MLflow has no histograms, so each flush's histograms go to one JSON artifact,
     ``layerscope/histograms/steps-{first}-{last}.json``: a list of ``{"step", "name",
-    "counts", "edges"}`` over the occupied bins (a log2 histogram's are powers of two of
-    ``|x|``), for a notebook to plot. That is one artifact upload per flush; pass
-    ``histograms=False`` to leave them to the layerscope run, which keeps them all. Alerts
-    are counted in the metric ``layerscope/alert_count`` as they come, and every alert so far
-    is in the artifact ``layerscope/alerts.json``, rewritten at each flush that brings new
-    ones so that a crash loses none.
+    "counts", "edges"}`` over the occupied bins, for a notebook to plot. A log2 histogram's
+    are powers of two of each sign with one bin of zeros and subnormals between them
+    (``signed_histograms``: the recorder counts it split by sign for this sink), or of
+    ``|x|`` in a run replayed by ``layerscope export`` that was recorded without the split.
+    That is one artifact upload per flush; pass ``histograms=False`` to leave them to the
+    layerscope run, which keeps them all. Alerts are counted in the metric
+    ``layerscope/alert_count`` as they come, and every alert so far is in the artifact
+    ``layerscope/alerts.json``, rewritten at each flush that brings new ones so that a crash
+    loses none.
 
     Only rank 0 logs. If an MLflow run is active (``mlflow.active_run()``) when ``watch()``
     starts, the sink logs to it and leaves it open; otherwise it starts a run of its own,
@@ -118,6 +121,11 @@ class MLflow:
         self._rank_checked = False
         self._owned = False  # started here, so ended here
         self._alerts: list[dict[str, Any]] = []
+
+    @property
+    def signed_histograms(self) -> bool:
+        """Whether the recorder should count the log2 histogram split by sign: with histograms."""
+        return self.histograms
 
     def start(self, info: RunInfo) -> None:
         """Find the active MLflow run, or start one (imports mlflow here, on rank 0 only).
@@ -210,9 +218,9 @@ class MLflow:
             name = metric_name(row.tag)
             for stat, value in row.values.items():
                 metrics.append(metric(f"{name}/{stat}", float(value), now, row.step))
-            if row.counts is None or edges is None:
+            if row.counts is None:
                 continue
-            bins = histogram_bins(row.counts, row.first, edges, low[row.index], high[row.index])
+            bins = row_bins(row, edges, low[row.index], high[row.index])
             if bins is not None:
                 counts, bounds = bins
                 histograms.append({"step": row.step, "name": f"{name}/hist", "counts": counts})

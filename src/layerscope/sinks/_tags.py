@@ -4,9 +4,11 @@ Every tracker shows a recorded tensor under the same tag, ``{phase}/{kind}/{modu
 so that a chart found in one is found in the others under the same name: the root module is
 ``<root>``, and a module's second and later calls in a step add ``#{call}`` to the tensor
 (``out#1``). Each chosen statistic is a scalar ``{tag}/{stat}``. Histograms keep the run's
-slots; ``histogram_bins`` turns the occupied ones into counts and finite edges, as trackers
-that draw histograms from bin edges want them. Each head of an attention call is a tensor of
-kind ``attention``, ``head{n}``, with the scalars ``entropy_mean`` and ``entropy_frac``.
+slots, but a log2 histogram counted split by sign (``StatsRows.negative``) is drawn over signed
+values, in the bins of ``signed_log2_bin_edges``; ``histogram_bins`` turns the occupied ones
+into counts and finite edges, as trackers that draw histograms from bin edges want them. Each
+head of an attention call is a tensor of kind ``attention``, ``head{n}``, with the scalars
+``entropy_mean`` and ``entropy_frac``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from layerscope.model import AttentionRow, StatsRows
+from layerscope.stats import LOG2_BINS, signed_log2_bin_edges
 
 if TYPE_CHECKING:
     from layerscope.sinks._base import RunInfo
@@ -45,6 +49,9 @@ ALERT_COLUMNS = (
 
 #: The columns of the attention table that become charts.
 ATTENTION_STATS = ("entropy_mean", "entropy_frac")
+
+#: Lower edges of the bins of a log2 histogram drawn over signed values.
+SIGNED_EDGES = signed_log2_bin_edges()
 
 
 def attention_values(rows: Sequence[AttentionRow]) -> Iterator[tuple[int, str, float]]:
@@ -86,7 +93,8 @@ class TaggedRow:
     ``values`` holds the chosen statistics this row has, NaN and non-numbers (a custom
     statistic's several values) left out. ``counts`` are its histogram's counts from the
     first occupied slot, ``first``, to the last, if it has a histogram with any count and
-    histograms were asked for. ``index`` is its position in the flush's ``StatsRows``.
+    histograms were asked for: in the run's slots, or where ``signed``, in the bins of
+    ``SIGNED_EDGES``. ``index`` is its position in the flush's ``StatsRows``.
     """
 
     index: int
@@ -95,6 +103,11 @@ class TaggedRow:
     values: dict[str, float]
     counts: list[int] | None
     first: int = 0
+    signed: bool = False
+
+    def edges(self, run_edges: Sequence[float] | None) -> Sequence[float] | None:
+        """The lower edges of the slots ``counts`` are in: the run's, or the signed bins."""
+        return SIGNED_EDGES if self.signed else run_edges
 
 
 def tagged_rows(chunk: StatsRows, stats: Sequence[str], histograms: bool) -> Iterator[TaggedRow]:
@@ -105,6 +118,7 @@ def tagged_rows(chunk: StatsRows, stats: Sequence[str], histograms: bool) -> Ite
     phases, kinds, modules = columns["phase"], columns["kind"], columns["module"]
     tensors, calls = columns["tensor"], columns["call"]
     occupied = _occupied(chunk) if histograms else None
+    signed = chunk.negative is not None
     for row in range(len(chunk)):
         chosen = {}
         for name, column in values.items():
@@ -114,18 +128,21 @@ def tagged_rows(chunk: StatsRows, stats: Sequence[str], histograms: bool) -> Ite
         found = occupied[row] if occupied is not None else None
         counts, first = found if found is not None else (None, 0)
         tag = tag_of(phases[row], kinds[row], modules[row], tensors[row], calls[row])
-        yield TaggedRow(row, tag, int(steps[row]), chosen, counts, first)
+        yield TaggedRow(row, tag, int(steps[row]), chosen, counts, first, signed)
 
 
 def _occupied(chunk: StatsRows) -> list[tuple[list[int], int] | None] | None:
     """Each row's counts from its first to its last occupied slot, and that first slot.
 
     Found for all rows at once: a histogram has hundreds of slots and a few dozen occupied,
-    and a per-row Python scan of them all was most of a tracker sink's cost.
+    and a per-row Python scan of them all was most of a tracker sink's cost. A log2 histogram
+    split by sign is in the signed bins (``signed_counts``).
     """
     hist = chunk.hist
     if hist is None:
         return None
+    if chunk.negative is not None:
+        hist = signed_counts(hist, chunk.negative)
     occupied = hist > 0  # (rows, slots)
     slots = occupied.shape[1]
     rows_with = (occupied.any(dim=1) & torch.tensor(chunk.hist_valid(), dtype=torch.bool)).tolist()
@@ -136,6 +153,28 @@ def _occupied(chunk: StatsRows) -> list[tuple[list[int], int] | None] | None:
         (counts[row, first : last + 1].tolist(), first) if kept else None
         for row, (kept, first, last) in enumerate(zip(rows_with, firsts, lasts, strict=True))
     ]
+
+
+def signed_counts(hist: Tensor, negative: Tensor) -> Tensor:
+    """Counts of the bins of ``SIGNED_EDGES`` from a log2 histogram and its negative half.
+
+    ``hist`` and ``negative`` are ``(rows, 256)`` counts of magnitudes and of the values whose
+    sign bit is set; the result is ``(rows, 509)``: the negative bins 254 down to 1, the zeros
+    and subnormals of both signs, the positive bins 1 to 254. Inf and NaN (slot 255) have no
+    bin.
+
+    Examples:
+        >>> hist = torch.zeros(1, 256)
+        >>> hist[0, [0, 127, 128]] = torch.tensor([2.0, 3.0, 1.0])  # zeros, [1, 2), [2, 4)
+        >>> negative = torch.zeros(1, 256)
+        >>> negative[0, [0, 128]] = torch.tensor([1.0, 1.0])  # -0.0 and a value in (-4, -2]
+        >>> counts = signed_counts(hist, negative)[0]
+        >>> [(SIGNED_EDGES[b], int(counts[b])) for b in torch.nonzero(counts).flatten().tolist()]
+        [(-4.0, 1), (-1.1754943508222875e-38, 2), (1.0, 3)]
+    """
+    normal = slice(1, LOG2_BINS - 1)
+    positive = hist[:, normal] - negative[:, normal]
+    return torch.cat([negative[:, normal].flip(1), hist[:, :1], positive], dim=1)
 
 
 def _is_number(value: Any) -> bool:
@@ -190,18 +229,50 @@ def histogram_bins(
     return [int(count) for count in counts[start - first : last - first + 1]], bounds
 
 
+def row_bins(
+    row: TaggedRow, run_edges: Sequence[float] | None, low: float | None, high: float | None
+) -> tuple[list[int], list[float]] | None:
+    """``histogram_bins`` of ``row``, in its slots' edges (``TaggedRow.edges``).
+
+    A signed log2 histogram's runs of empty bins become one bin each: between a tensor's
+    smallest values and its zeros lie a hundred or more empty powers of two of each sign, and
+    the occupied bins keep their edges all the same.
+
+    Examples:
+        >>> row = TaggedRow(0, "t", 0, {}, [1, 0, 0, 2], 381, signed=True)  # [1, 2) to [8, 16)
+        >>> row_bins(row, None, -1.0, 12.0)
+        ([1, 0, 2], [1.0, 2.0, 8.0, 16.0])
+    """
+    edges = row.edges(run_edges)
+    if row.counts is None or edges is None:
+        return None
+    bins = histogram_bins(row.counts, row.first, edges, low, high)
+    if bins is None or not row.signed:
+        return bins
+    counts: list[int] = []
+    bounds = [bins[1][0]]
+    for count, upper in zip(bins[0], bins[1][1:], strict=True):
+        if count or not counts or counts[-1]:
+            counts.append(count)
+            bounds.append(upper)
+        else:  # an empty bin after an empty bin: the two as one
+            bounds[-1] = upper
+    return counts, bounds
+
+
 def value_bounds(
     chunk: StatsRows, info: RunInfo | None
 ) -> tuple[list[float | None], list[float | None]]:
     """Each row's smallest and largest value in its histogram's terms, for open-ended bins.
 
-    A log2 histogram counts magnitudes: from 0 to ``absmax``. A linear one counts values:
-    from ``min`` to ``max``. None where the row lacks the statistic.
+    A log2 histogram counts magnitudes: from 0 to ``absmax``. A linear one counts values,
+    and so does a log2 one split by sign: from ``min`` to ``max``. None where the row lacks
+    the statistic.
     """
     histogram = (info.config.get("histogram") if info is not None else None) or {}
     columns = chunk.columns()
     rows = len(chunk)
-    if histogram.get("kind") == "log2":
+    if histogram.get("kind") == "log2" and chunk.negative is None:
         low: list[float | None] = [0.0] * rows
         high = _floats(columns.get("absmax"), rows)
     else:

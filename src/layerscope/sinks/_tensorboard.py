@@ -17,6 +17,7 @@ from layerscope.sinks._tags import (
     as_list,
     attention_values,
     chosen_stats,
+    row_bins,
     tagged_rows,
 )
 
@@ -29,8 +30,12 @@ class TensorBoard:
     Tags read ``{phase}/{kind}/{module}/{tensor}/{stat}``, as in the W&B and MLflow sinks; the
     root module is ``<root>``, and a module's second and later calls in a step add ``#{call}``
     to the tensor (``out#1``).
-    A log2 histogram shows as a histogram of ``|x|`` over its power-of-two bins. Scalars from
-    ``scope.step(**scalars)`` keep their own names. Needs ``layerscope[tensorboard]``.
+    A log2 histogram shows as a histogram of the values over power-of-two bins of each sign
+    (``signed_histograms``: the recorder counts it split by sign for this sink), with one bin
+    of zeros and subnormals between them; Inf and NaN are left to ``inf_count`` and
+    ``nan_count``. A run recorded without the split and replayed by ``layerscope export``
+    shows ``|x|`` over its bins, zeros to Inf. Scalars from ``scope.step(**scalars)`` keep
+    their own names. Needs ``layerscope[tensorboard]``.
 
     Args:
         logdir: the directory TensorBoard reads.
@@ -55,6 +60,11 @@ class TensorBoard:
         self._writer: Any = None
         self._edges: list[float] | None = None
         self._log2 = False
+
+    @property
+    def signed_histograms(self) -> bool:
+        """Whether the recorder should count the log2 histogram split by sign: with histograms."""
+        return self.histograms
 
     def start(self, info: RunInfo) -> None:
         """Open the event file (imports tensorboard here, not at ``import layerscope``)."""
@@ -110,9 +120,6 @@ class TensorBoard:
         counts, first = row.counts, row.first
         if not counts or self._edges is None:
             return None
-        # Upper limit of each slot; the last slot (non-finite or overflow) gets a finite one.
-        uppers = [*self._edges[1:], math.inf]
-        limits = [u if math.isfinite(u) else 3.4e38 for u in uppers[first : first + len(counts)]]
 
         def value(name: str) -> float | None:
             found = lists.get(name)
@@ -120,13 +127,26 @@ class TensorBoard:
             # NaN: a value not known (a stored run's file without the column), as None
             return float(cell) if cell is not None and cell == cell else None
 
+        magnitudes = self._log2 and not row.signed
+        low = 0.0 if magnitudes else value("min")
+        high = value("absmax" if magnitudes else "max")
+        if row.signed:  # the occupied signed bins, their open ends closed at min and max
+            bins = row_bins(row, self._edges, low, high)
+            if bins is None:
+                return None
+            counts, bounds = bins
+            floor, limits = bounds[0], bounds[1:]
+        else:
+            # Upper limit of each slot; the last slot (non-finite or overflow) gets a finite one.
+            uppers = [*self._edges[1:], math.inf]
+            top = uppers[first : first + len(counts)]
+            limits = [u if math.isfinite(u) else 3.4e38 for u in top]
+            floor = limits[0]
         mean, l2 = value("mean"), value("l2")
         finite = int(value("numel") or 0) - int(value("nan_count") or 0)
         finite -= int(value("inf_count") or 0)
-        low = 0.0 if self._log2 else value("min")
-        high = value("absmax" if self._log2 else "max")
         return HistogramProto(
-            min=_finite(low, limits[0]),
+            min=_finite(low, floor),
             max=_finite(high, limits[-1]),
             num=sum(counts),
             sum=_finite(mean * finite if mean is not None else None, 0.0),

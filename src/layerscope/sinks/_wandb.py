@@ -12,7 +12,7 @@ from layerscope.sinks._tags import (
     DEFAULT_STATS,
     attention_values,
     chosen_stats,
-    histogram_bins,
+    row_bins,
     tagged_rows,
     value_bounds,
 )
@@ -31,8 +31,11 @@ class WandB:
 
     Keys read ``{phase}/{kind}/{module}/{tensor}/{stat}`` as TensorBoard tags do, histograms
     ``{phase}/{kind}/{module}/{tensor}/hist``; scalars from ``scope.step(**scalars)`` keep
-    their names. A log2 histogram is a histogram of ``|x|`` over its occupied power-of-two
-    bins (Inf and NaN are in ``inf_count`` and ``nan_count``). Every chart's x-axis is the
+    their names. A log2 histogram is a histogram of the values over its occupied power-of-two
+    bins of each sign and one bin of zeros and subnormals between them (``signed_histograms``:
+    the recorder counts it split by sign for this sink); a run recorded without the split and
+    replayed by ``layerscope export`` shows ``|x|``. Inf and NaN are in ``inf_count`` and
+    ``nan_count``. Every chart's x-axis is the
     training step, ``layerscope/step``: the sink logs it with each row instead of passing
     ``step=``, because W&B drops a ``step=`` lower than one already logged, and rows of a
     step can reach the sink after later steps' (an evaluation's, or another logger's on a
@@ -85,6 +88,15 @@ class WandB:
         self._owned = False  # started here, so finished here
         self._defined: set[str] = set()  # keys and key patterns whose x-axis is set
         self._alerts: list[list[Any]] = []
+
+    @property
+    def signed_histograms(self) -> bool:
+        """Whether the recorder should count the log2 histogram split by sign: with histograms.
+
+        The same on every rank, though only rank 0 logs: ranks merged by ``ranks="merge"``
+        count alike.
+        """
+        return self.histograms
 
     def start(self, info: RunInfo) -> None:
         """Attach to the active W&B run or start one (imports wandb here, on rank 0 only).
@@ -157,10 +169,10 @@ class WandB:
             data = by_step.setdefault(row.step, {})
             for name, value in row.values.items():
                 data[f"{prefix}{row.tag}/{name}"] = value
-            if row.counts is None or edges is None or bounds is None:
+            if row.counts is None or bounds is None:
                 continue
             low, high = bounds
-            bins = histogram_bins(row.counts, row.first, edges, low[row.index], high[row.index])
+            bins = row_bins(row, edges, low[row.index], high[row.index])
             if bins is not None:
                 data[f"{prefix}{row.tag}/hist"] = histogram(np_histogram=_at_most(*bins))
 

@@ -41,9 +41,11 @@ from layerscope.stats._histogram import (
     HistogramSpec,
     LinearHistogram,
     Log2Histogram,
+    SignedLog2Histogram,
     check_fits,
     log2_bin_edges,
     parse_histogram,
+    signed_log2_bin_edges,
 )
 from layerscope.stats._layout import WIDTH, Field, Merge
 from layerscope.stats._selection import (
@@ -129,6 +131,7 @@ __all__ = [
     "LinearHistogram",
     "Log2Histogram",
     "Merge",
+    "SignedLog2Histogram",
     "StatSelection",
     "attention_partials",
     "check_fits",
@@ -150,6 +153,7 @@ __all__ = [
     "parse_stats",
     "release_eager_stance",
     "scale_exponent",
+    "signed_log2_bin_edges",
     "tensor_partials",
     "write_extremes",
     "write_group_extremes",

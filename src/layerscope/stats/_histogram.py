@@ -8,6 +8,11 @@ bits, so it needs no range, counts exactly (int64), and lines up across layers, 
 - bin 255: +-inf and NaN
 
 bf16 shares float32's exponent, so its dynamic range reads off the same bins directly.
+
+Split by sign (``SignedLog2Histogram``, counted for the trackers that draw signed values), it
+has two halves of these slots, read from the top 9 bits of a float32: slot k for values whose
+sign bit is clear (+0.0 in slot 0), slot 256 + k for those whose sign bit is set (-0.0 in slot
+256, -inf in 511, NaN by its sign bit). The magnitude histogram is the sum of the halves.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class LinearHistogram:
     lo: float
     hi: float
     bins: int
+    signed = False  # it counts values, not magnitudes: no sign split to ask for
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lo) and math.isfinite(self.hi) and self.lo < self.hi):
@@ -59,9 +65,24 @@ class Log2Histogram:
     """The range-free log2-magnitude histogram (see the module docstring)."""
 
     slots = LOG2_BINS
+    signed = False  # the sign split of SignedLog2Histogram
 
     def __repr__(self) -> str:
         return "Log2Histogram()"
+
+
+class SignedLog2Histogram(Log2Histogram):
+    """The log2 histogram split by sign: ``LOG2_BINS`` slots for each sign (module docstring).
+
+    The recorder counts it in place of the log2 histogram where a sink asks for signed
+    histograms; the rows it writes keep the magnitudes, the sum of the two halves.
+    """
+
+    slots = 2 * LOG2_BINS
+    signed = True
+
+    def __repr__(self) -> str:
+        return "SignedLog2Histogram()"
 
 
 HistogramSpec = Log2Histogram | LinearHistogram
@@ -79,6 +100,28 @@ def log2_bin_edges() -> list[float]:
     edges += [2.0 ** (k - LOG2_EXPONENT_BIAS) for k in range(1, LOG2_BINS - 1)]
     edges.append(math.inf)
     return edges
+
+
+def signed_log2_bin_edges() -> list[float]:
+    """Lower edge of each bin of the log2 histogram drawn over signed values.
+
+    The finite bins in value order: each negative bin k (254 down to 1) is its magnitude bin
+    mirrored, ``[-2**(k-126), -2**(k-127))``; then one bin of zeros and subnormals of both
+    signs, ``[-2**-126, 2**-126)``; then the positive bins 1 to 254. The first is open below
+    (-inf) as the last is above: a sink closes them at the row's min and max. Inf and NaN have
+    no bin (they are ``inf_count`` and ``nan_count``).
+
+    Examples:
+        >>> edges = signed_log2_bin_edges()
+        >>> len(edges), edges[0], edges[127], edges[128], edges[381], edges[382]
+        (509, -inf, -2.0, -1.0, 1.0, 2.0)
+        >>> edges[254] == -(2.0**-126) and edges[255] == 2.0**-126  # zeros and subnormals
+        True
+    """
+    normal = range(1, LOG2_BINS - 1)  # the magnitude bins of normal values, 1 to 254
+    negative = [-(2.0 ** (k - LOG2_EXPONENT_BIAS + 1)) for k in reversed(normal)]
+    positive = [2.0 ** (k - LOG2_EXPONENT_BIAS) for k in normal]
+    return [-math.inf, *negative[1:], -(2.0 ** (1 - LOG2_EXPONENT_BIAS)), *positive]
 
 
 def parse_histogram(histogram: object) -> HistogramSpec | None:

@@ -3,13 +3,13 @@
  * setup.py builds this file into libnative.so when layerscope is installed (or, opted into with
  * LAYERSCOPE_BUILD_NATIVE=1, _native.py builds it at first use), and _native.py loads it with
  * ctypes. It computes exactly what _partials.py computes with torch ops, the row of Field values
- * and the log2 or linear histogram, but reads memory once: the data is cut into blocks that stay
- * in L1 cache, and each block is read by a vectorised pass of counts and extremes (a second,
- * masked one only where a block holds a NaN or an infinity), a float64 pass of sums, and a pass
- * of histogram counts (vectorised with AVX2 or AVX-512 where the block spans few exponents, the
- * usual case). The low-precision formats' counts take a short pass of compares only in the
- * blocks whose extremes pass a format's limit, or none: with the log2 histogram, three formats'
- * underflow is a sum of its slots.
+ * and the log2 (split by sign where asked) or linear histogram, but reads memory once: the data
+ * is cut into blocks that stay in L1 cache, and each block is read by a vectorised pass of
+ * counts and extremes (a second, masked one only where a block holds a NaN or an infinity), a
+ * float64 pass of sums, and a pass of histogram counts (vectorised with AVX2 or AVX-512 where
+ * the block spans few exponents, the usual case). The low-precision formats' counts take a
+ * short pass of compares only in the blocks whose extremes pass a format's limit, or none: with
+ * the log2 histogram, three formats' underflow is a sum of its slots.
  *
  * One library serves every CPU of an architecture. The kernel is compiled once per instruction
  * set, each copy's functions carrying that set's target attribute (x86-64: the baseline, AVX2
@@ -48,6 +48,14 @@
 #define EXPORT __attribute__((visibility("default")))
 #endif
 
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define ALWAYS_INLINE __forceinline
+#else
+#define ALWAYS_INLINE inline
+#endif
+
 /* The sha256 of this file, which _native.py compares with the file beside the library. */
 #ifndef LAYERSCOPE_SOURCE_ID
 #define LAYERSCOPE_SOURCE_ID ""
@@ -65,14 +73,17 @@ enum { LAYERSCOPE_FIELDS(FIELD_ENUM) WIDTH };
 /* How values are stored: must match _native.DTYPES. DTYPE_BYTE reads one byte a value, decoded
  * to float32 bits by a table of 256 (the 8-bit floats). */
 enum { DTYPE_FLOAT32 = 0, DTYPE_BFLOAT16 = 1, DTYPE_FLOAT16 = 2, DTYPE_BYTE = 3 };
-enum { LOG2_SLOTS = 256 }; /* one per float32 exponent */
-#define ABI (100 * WIDTH + 3)
+/* One per float32 exponent. The signed log2 histogram has two halves of them: slot
+ * sign * 256 + exponent, the top 9 bits of a float32, so +0.0 is in slot 0 and -0.0 in 256. */
+enum { LOG2_SLOTS = 256 };
+#define ABI (100 * WIDTH + 4)
 
 #define BLOCK 1024           /* values per block: 4 KB of float32, in L1 */
 #define CHUNK (64 * BLOCK)   /* values between two flushes of 32-bit histogram counts */
 #define PARALLEL_MIN (1 << 16)
 #define MAX_THREADS 64
-#define TABLES 8             /* log2 histogram tables per thread */
+#define TABLES 8             /* log2 histogram tables per thread, or half as many signed ones */
+#define TABLES_OF(slots) (TABLES * LOG2_SLOTS / (slots)) /* in the same 8 KB */
 #define MAX_LINEAR_BINS (1 << 30)
 
 /* The low-precision formats of stats/_formats.py, in its order (e4m3, e5m2, fp16, bf16): the
@@ -94,10 +105,12 @@ typedef struct {
     const uint32_t* decode; /* DTYPE_BYTE's table of float32 bits */
 } values_t;
 
-/* Which histogram: none, the log2 one, or `bins` linear ones over [lo, hi) with an underflow
- * and an overflow slot. scale and width are bins / (hi - lo) and (hi - lo) / bins, computed by
- * the caller as _torch_kernels.linear_bin_index computes them. */
-enum { HIST_NONE, HIST_LOG2, HIST_LINEAR };
+/* Which histogram: none, the log2 one, the log2 one split by sign (LOG2_SLOTS for values whose
+ * sign bit is clear, then LOG2_SLOTS for those whose sign bit is set), or `bins` linear ones
+ * over [lo, hi) with an underflow and an overflow slot. scale and width are bins / (hi - lo)
+ * and (hi - lo) / bins, computed by the caller as _torch_kernels.linear_bin_index computes
+ * them. */
+enum { HIST_NONE, HIST_LOG2, HIST_SIGNED_LOG2, HIST_LINEAR };
 typedef struct {
     int kind;
     int64_t bins;
@@ -323,21 +336,24 @@ static void partials_part(void* arg) {
 }
 
 /* Partials of n > 0 values into row[WIDTH] and, unless it is NULL, the histogram into hist
- * (float64 counts: LOG2_SLOTS, or a linear one's bins + 2). Returns 0, or -1 for bad arguments,
- * -2 where memory ran out. */
+ * (float64 counts: LOG2_SLOTS, twice that split by sign, or a linear one's bins + 2). Returns
+ * 0, or -1 for bad arguments, -2 where memory ran out. */
 static int partials(const values_t* v, int64_t n, double* row, double* hist,
                     const histogram_t* h, int threads) {
     if (v->dtype < DTYPE_FLOAT32 || v->dtype > DTYPE_BYTE || (v->dtype == DTYPE_BYTE && !v->decode))
         return -1;
     if (h->kind == HIST_LINEAR && (h->bins < 1 || h->bins > MAX_LINEAR_BINS)) return -1;
-    int64_t slots = h->kind == HIST_LOG2 ? LOG2_SLOTS : h->kind == HIST_LINEAR ? h->bins + 3 : 0;
+    int64_t slots = h->kind == HIST_LOG2          ? LOG2_SLOTS
+                    : h->kind == HIST_SIGNED_LOG2 ? 2 * LOG2_SLOTS
+                    : h->kind == HIST_LINEAR      ? h->bins + 3
+                                                  : 0;
     threads = thread_count(n, threads);
 
     partials_t single;
-    int64_t single_counts[LOG2_SLOTS];
+    int64_t single_counts[2 * LOG2_SLOTS];
     partials_job_t job = {v, n, first_finite(v, n), h, &single, NULL, slots, threads, 1};
     if (slots > 0) job.counts = single_counts;
-    if (threads > 1 || slots > LOG2_SLOTS) {
+    if (threads > 1 || slots > 2 * LOG2_SLOTS) {
         job.parts = malloc(sizeof(partials_t) * (size_t)threads);
         job.counts = slots ? malloc(sizeof(int64_t) * (size_t)(slots * threads)) : NULL;
         if (job.parts == NULL || (slots && job.counts == NULL)) {
@@ -371,11 +387,13 @@ static int partials(const values_t* v, int64_t n, double* row, double* hist,
         for (int64_t slot = 0; slot < slots; slot++) total->counts[slot] += p->counts[slot];
     }
 
-    if (h->kind == HIST_LOG2)
+    if (h->kind == HIST_LOG2 || h->kind == HIST_SIGNED_LOG2)
         for (int f = 0; f < UNDER_FROM_HISTOGRAM; f++) {
             int64_t below = 0;
-            for (uint32_t slot = 0; slot < FORMAT_SMALLEST[f] >> 23; slot++)
+            for (uint32_t slot = 0; slot < FORMAT_SMALLEST[f] >> 23; slot++) {
                 below += total->counts[slot];
+                if (h->kind == HIST_SIGNED_LOG2) below += total->counts[LOG2_SLOTS + slot];
+            }
             total->under[f] = below - total->zeros;
         }
 
@@ -408,11 +426,13 @@ static int partials(const values_t* v, int64_t n, double* row, double* hist,
     return 0;
 }
 
-/* Partials and, unless hist is NULL, the log2 histogram: see partials(). */
+/* Partials and, unless hist is NULL, the log2 histogram, split by sign where split_signs is
+ * nonzero: see partials(). */
 EXPORT int layerscope_partials(const void* data, int64_t n, int dtype, const uint32_t* decode,
-                               double* row, double* hist, int threads) {
+                               double* row, double* hist, int split_signs, int threads) {
     values_t v = {data, dtype, decode};
-    histogram_t h = {hist != NULL ? HIST_LOG2 : HIST_NONE, 0, 0.0, 0.0, 0.0, 0.0};
+    int kind = hist == NULL ? HIST_NONE : split_signs ? HIST_SIGNED_LOG2 : HIST_LOG2;
+    histogram_t h = {kind, 0, 0.0, 0.0, 0.0, 0.0};
     return partials(&v, n, row, hist, &h, threads);
 }
 
@@ -568,15 +588,19 @@ static inline ISA_TARGET void NAME(block_moments)(const float* x, int64_t n, dou
         p->under[f] += NAME(count_range)(bits, n, 1u, FORMAT_SMALLEST[f]);
 }
 
-/* Log2 histogram counts of one block, spread over eight tables: runs of values with the same
- * exponent, the usual case, would otherwise wait on each other's increments. */
-static inline ISA_TARGET void NAME(block_log2_scalar)(const float* x, int64_t n,
-                                                      uint32_t (*tables)[LOG2_SLOTS]) {
+/* Log2 histogram counts of one block, spread over tables (TABLES_OF(slots)): runs of values
+ * with the same exponent, the usual case, would otherwise wait on each other's increments.
+ * mask 0xff counts exponents, 0x1ff sign and exponent (the signed histogram); the callers pass
+ * it as a constant, so each inlined copy indexes as one with a fixed mask would. */
+static inline ISA_TARGET void NAME(block_log2_scalar)(const float* x, int64_t n, uint32_t* tables,
+                                                      uint32_t mask) {
     const uint32_t* bits = (const uint32_t*)x;
+    const int slots = (int)mask + 1, spread = TABLES_OF(slots);
     int64_t i = 0;
     for (; i + TABLES <= n; i += TABLES)
-        for (int t = 0; t < TABLES; t++) tables[t][(bits[i + t] >> 23) & 0xff]++;
-    for (; i < n; i++) tables[0][(bits[i] >> 23) & 0xff]++;
+        for (int t = 0; t < TABLES; t++)
+            tables[t % spread * slots + ((bits[i + t] >> 23) & mask)]++;
+    for (; i < n; i++) tables[(bits[i] >> 23) & mask]++;
 }
 
 /* A block's values span few exponents: in the models measured, 12 to 16 of the 254 normal
@@ -680,9 +704,53 @@ static inline ISA_TARGET int NAME(max_byte)(bytes_t v) {
     return 255 - NAME(min_of)(_mm_xor_si128(NAME(bytes_fold)(v, NAME(max_epu8)), _mm_set1_epi8(-1)));
 }
 
-/* Log2 histogram counts of one block into table by exponent compares; 0 if its span is too wide
- * (nothing is counted then), else 1. */
-static ISA_TARGET int NAME(block_log2_vector)(const float* x, int64_t n, uint32_t* table) {
+/* A byte that no exponent of a block takes, given what block_log2_vector found in it: zeros,
+ * specials (Inf and NaN), and normal exponents from first to last (none if first > last).
+ * A block it counts spans at most VECTOR_SPAN exponents, so one is free. */
+static inline ISA_TARGET int NAME(absent_byte)(int zero, int special, int first, int last) {
+    if (!zero) return 0;
+    if (!special) return 255;
+    if (first > last) return 1;
+    return first > 1 ? first - 1 : last + 1;
+}
+
+/* Move the count of exponent e among the bytes of `negative` to the negative half. */
+static inline ISA_TARGET void NAME(move_negative)(const uint8_t* negative, int64_t full, int e,
+                                                  uint32_t* table) {
+    uint32_t count = NAME(count_byte)(negative, full, e);
+    table[e] -= count;
+    table[LOG2_SLOTS + e] += count;
+}
+
+/* The signed histogram's negative half of the first `full` values of a block, which
+ * block_log2_vector has counted in the positive half of table (table[e]): the count of each
+ * exponent among the values whose sign bit is set moves to table[LOG2_SLOTS + e]. Those
+ * values' exponent bytes, the others' replaced by a byte no exponent of the block takes, are
+ * counted as all the block's are. A block with no sign bit set (a ReLU's) costs one pass of
+ * ORs; it comes first, apart: in one loop with the bytes, both ran a third slower. */
+static ISA_TARGET void NAME(split_signs)(const uint32_t* bits, int64_t full, uint32_t* table,
+                                         int zero, int special, int first, int last) {
+    uint8_t negative[BLOCK];
+    const uint8_t absent = (uint8_t)NAME(absent_byte)(zero, special, first, last);
+    uint32_t signs = 0;
+#pragma omp simd reduction(| : signs)
+    for (int64_t i = 0; i < full; i++) signs |= bits[i];
+    if (!(signs >> 31)) return;
+#pragma omp simd
+    for (int64_t i = 0; i < full; i++) {
+        uint32_t sign = bits[i] >> 31;
+        negative[i] = sign ? (uint8_t)(bits[i] >> 23) : absent; /* the cast drops the sign */
+    }
+    if (zero) NAME(move_negative)(negative, full, 0, table);
+    if (special) NAME(move_negative)(negative, full, 255, table);
+    for (int e = first; e <= last; e++) NAME(move_negative)(negative, full, e, table);
+}
+
+/* Log2 histogram counts of one block into table by exponent compares, split by sign into
+ * table[LOG2_SLOTS + e] where split; 0 if its span is too wide (nothing is counted then),
+ * else 1. */
+static ISA_TARGET int NAME(block_log2_vector)(const float* x, int64_t n, uint32_t* table,
+                                              int split) {
     uint8_t ex[BLOCK];
     int64_t full = n & ~(int64_t)(LANES - 1);
     if (full == 0) return 0;
@@ -706,18 +774,24 @@ static ISA_TARGET int NAME(block_log2_vector)(const float* x, int64_t n, uint32_
     if (special) table[255] += NAME(count_byte)(ex, full, 255);
     for (int e = first; e <= last; e++) table[e] += NAME(count_byte)(ex, full, e);
     const uint32_t* bits = (const uint32_t*)x;
-    for (int64_t i = full; i < n; i++) table[(bits[i] >> 23) & 0xff]++;
+    const uint32_t mask = split ? 0x1ffu : 0xffu;
+    for (int64_t i = full; i < n; i++) table[(bits[i] >> 23) & mask]++;
+    if (split) NAME(split_signs)(bits, full, table, zero, special, first, last);
     return 1;
 }
 #endif
 
-/* Log2 histogram counts of one block into the chunk's tables. */
-static inline ISA_TARGET void NAME(block_log2)(const float* x, int64_t n,
-                                               uint32_t (*tables)[LOG2_SLOTS]) {
+/* Log2 histogram counts of one block into the chunk's tables, split by sign where split (half
+ * as many tables then, of 2 * LOG2_SLOTS slots each). */
+static inline ISA_TARGET void NAME(block_log2)(const float* x, int64_t n, uint32_t* tables,
+                                               int split) {
 #ifdef VECTOR_LOG2
-    if (NAME(block_log2_vector)(x, n, tables[0])) return;
+    if (NAME(block_log2_vector)(x, n, tables, split)) return;
 #endif
-    NAME(block_log2_scalar)(x, n, tables);
+    if (split)
+        NAME(block_log2_scalar)(x, n, tables, 0x1ffu);
+    else
+        NAME(block_log2_scalar)(x, n, tables, 0xffu);
 }
 
 /* Linear histogram counts of one block: each value's slot as _torch_kernels.linear_bin_index
@@ -766,12 +840,17 @@ static inline ISA_TARGET const float* NAME(block_floats)(const values_t* v, int6
     return widened;
 }
 
-/* Partials of values [begin, end) into p. */
-static ISA_TARGET void NAME(range_partials)(const values_t* v, int64_t begin, int64_t end,
-                                            double shift, const histogram_t* h, partials_t* out) {
+/* Partials of values [begin, end) into p, the log2 histogram split by sign where split: a
+ * constant in each of range_partials' two copies, so that the one without the split compiles
+ * as the kernel did before it had one (measured: a shared copy ran 5 to 20% slower). */
+static ALWAYS_INLINE ISA_TARGET void NAME(range_partials_of)(const values_t* v, int64_t begin,
+                                                             int64_t end, double shift,
+                                                             const histogram_t* h,
+                                                             partials_t* out, int split) {
     float widened[BLOCK];
-    uint32_t tables[TABLES][LOG2_SLOTS];
-    int log2 = h->kind == HIST_LOG2;
+    uint32_t tables[TABLES * LOG2_SLOTS]; /* TABLES_OF(slots) tables of `slots` each */
+    int log2 = h->kind == HIST_LOG2 || split;
+    const int slots = split ? 2 * LOG2_SLOTS : LOG2_SLOTS;
     partials_t local = *out, *p = &local; /* threads' partials share cache lines: add up here */
     for (int64_t chunk = begin; chunk < end; chunk += CHUNK) {
         int64_t chunk_end = chunk + CHUNK < end ? chunk + CHUNK : end;
@@ -781,15 +860,25 @@ static ISA_TARGET void NAME(range_partials)(const values_t* v, int64_t begin, in
             const float* x = NAME(block_floats)(v, start, n, widened);
             NAME(block_moments)(x, n, shift, log2 ? UNDER_FROM_HISTOGRAM : 0, p);
             if (log2)
-                NAME(block_log2)(x, n, tables);
+                NAME(block_log2)(x, n, tables, split);
             else if (h->kind == HIST_LINEAR)
                 NAME(block_linear)(x, n, h, p->counts);
         }
         if (log2)
-            for (int t = 0; t < TABLES; t++)
-                for (int slot = 0; slot < LOG2_SLOTS; slot++) p->counts[slot] += tables[t][slot];
+            for (int t = 0; t < TABLES_OF(slots); t++)
+                for (int slot = 0; slot < slots; slot++)
+                    p->counts[slot] += tables[t * slots + slot];
     }
     *out = local;
+}
+
+/* Partials of values [begin, end) into p. */
+static ISA_TARGET void NAME(range_partials)(const values_t* v, int64_t begin, int64_t end,
+                                            double shift, const histogram_t* h, partials_t* out) {
+    if (h->kind == HIST_SIGNED_LOG2)
+        NAME(range_partials_of)(v, begin, end, shift, h, out, 1);
+    else
+        NAME(range_partials_of)(v, begin, end, shift, h, out, 0);
 }
 
 /* Minimum and maximum of values [begin, end) into lo and hi; returns whether one is NaN. */

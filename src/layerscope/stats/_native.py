@@ -4,8 +4,8 @@ On the CPU, one pass of ``_native.c`` over a float32 tensor's memory computes it
 log2 histogram 6 to 15 times faster than the compiled torch kernel, which spends most of its
 time on the histogram (``benchmarks/kernel.py``), and needs neither inductor's compile time
 nor its memory; another pass gives the sentinel's minimum and maximum. It reads float32,
-bfloat16, float16 and the 8-bit floats where they lie, and counts the log2 or a linear
-histogram.
+bfloat16, float16 and the 8-bit floats where they lie, and counts the log2 histogram (split by
+sign where asked) or a linear one.
 
 ``setup.py`` builds it into ``libnative.so`` beside this file (``pip install``, ``pip install
 -e``, ``pip wheel``), without ``-march=native``: the library holds a copy of the kernel per
@@ -36,7 +36,7 @@ from layerscope.stats._layout import WIDTH, c_names
 
 LIBRARY = Path(__file__).with_name("libnative.so")  # where setup.py builds it
 SOURCE = Path(__file__).with_name("_native.c")
-_ABI = 100 * WIDTH + 3  # the C file's ABI: its row width and a version
+_ABI = 100 * WIDTH + 4  # the C file's ABI: its row width and a version
 # The kernel's codes of the dtypes it reads; the 8-bit floats are _BYTE, decoded by a table.
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _BYTE = 3
@@ -131,7 +131,10 @@ def partials_into(x: Tensor, rows: Tensor, index: int, histogram: HistogramSpec 
         )  # fmt: skip
     else:
         hist = None if histogram is None else row + _HIST_OFFSET
-        status = lib.layerscope_partials(x.data_ptr(), x.numel(), code, decode, row, hist, threads)
+        signed = histogram is not None and histogram.signed
+        status = lib.layerscope_partials(
+            x.data_ptr(), x.numel(), code, decode, row, hist, signed, threads
+        )
     if status != 0:
         raise RuntimeError(f"layerscope_partials returned {status} for dtype {x.dtype}")
 
@@ -230,7 +233,7 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.layerscope_partials.restype = ctypes.c_int
     lib.layerscope_partials.argtypes = [
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-        ctypes.c_void_p, ctypes.c_int,
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
     ]  # fmt: skip
     lib.layerscope_partials_linear.restype = ctypes.c_int
     lib.layerscope_partials_linear.argtypes = [

@@ -78,7 +78,8 @@ def _torch_partials(
     if flat.dtype == torch.float64:
         row = kernels.float_partials(flat)
     elif isinstance(histogram, Log2Histogram):  # the bins come out of the same pass
-        row, bins = kernels.fused_float32(flat, with_bins=True, quiet=quiet)
+        signed = histogram.signed
+        row, bins = kernels.fused_float32(flat, with_bins=True, quiet=quiet, signed=signed)
         return row, kernels.count_bins(bins, histogram.slots)
     else:
         row = kernels.fused_float32(flat, with_bins=False, quiet=quiet)

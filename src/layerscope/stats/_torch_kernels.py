@@ -1,8 +1,8 @@
 """torch's kernels for the partials: wherever the C kernel does not read the tensor.
 
 Every device: float64 reductions in the tensor's own dtype; float32 in one pass with float64
-sums (``float32_partials``), fused by ``torch.compile`` with the log2 bins where it compiles;
-the histograms' bin indices and counts. None reads a value back to the host.
+sums (``float32_partials``), fused by ``torch.compile`` with the log2 bins (split by sign or
+not) where it compiles; the histograms' bin indices and counts. None reads a value back to the host.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import Tensor
 
 from layerscope._errors import LayerscopeWarning
 from layerscope.stats._formats import magnitude_ranges
-from layerscope.stats._histogram import HistogramSpec, LinearHistogram
+from layerscope.stats._histogram import LOG2_BINS, HistogramSpec, LinearHistogram
 from layerscope.stats._layout import HEADROOM_FIELDS, Field
 from layerscope.stats._stance import compiled_allowed
 
@@ -96,6 +96,11 @@ def float32_partials_and_bins(x: Tensor) -> tuple[Tensor, Tensor]:
     return float32_partials(x), log2_bin_index(x).to(torch.uint8)
 
 
+def float32_partials_and_signed_bins(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``float32_partials`` and each value's slot of the signed log2 histogram (int16)."""
+    return float32_partials(x), log2_bin_index(x, signed=True).to(torch.int16)
+
+
 def float_partials(x: Tensor) -> Tensor:
     """Partials of a non-empty 1-D float64 (or float32) tensor, reduced in its own dtype."""
     numel = x.numel()
@@ -158,11 +163,13 @@ def float_partials(x: Tensor) -> Tensor:
 # 2-core CPU about 1 ms per million float32 elements instead of 18 ms eager. It compiles once
 # per process (about 10 s on that CPU, plus ~2 s for sizes 0 and 1) and falls back to eager
 # where it cannot compile. LAYERSCOPE_COMPILE=0 keeps the eager kernel.
-KERNELS: dict[bool, Callable[[Tensor], Any]] = {
-    False: float32_partials,
-    True: float32_partials_and_bins,
+# Keyed by (with_bins, signed).
+KERNELS: dict[tuple[bool, bool], Callable[[Tensor], Any]] = {
+    (False, False): float32_partials,
+    (True, False): float32_partials_and_bins,
+    (True, True): float32_partials_and_signed_bins,
 }
-_compiled: dict[bool, Callable[[Tensor], Any]] = {}
+_compiled: dict[tuple[bool, bool], Callable[[Tensor], Any]] = {}
 compile_state = "untried"  # "untried", "ready" or "failed"
 compile_error: str | None = None  # why compiling failed, where it ran and failed
 _own_graphs = 0  # graphs dynamo made for this kernel, told apart from the user's own compiles
@@ -185,12 +192,14 @@ def _run_compiled(compiled: Callable[[Tensor], Any], x: Tensor) -> Any:
         _own_graphs += stats["unique_graphs"] - before
 
 
-def fused_float32(x: Tensor, with_bins: bool, quiet: bool = False) -> Any:
+def fused_float32(x: Tensor, with_bins: bool, quiet: bool = False, signed: bool = False) -> Any:
     """The float32 kernel, with the log2 bins if asked for; compiled where possible.
 
     ``quiet``: a failure to compile is not warned of here (the caller's warning names it).
+    ``signed``: the bins are the signed log2 histogram's (``log2_bin_index``).
     """
     global compile_state, compile_error
+    key = (with_bins, with_bins and signed)
     if compile_state == "untried":
         compile_state = "failed"
         if os.environ.get("LAYERSCOPE_COMPILE", "1") != "0":
@@ -200,9 +209,9 @@ def fused_float32(x: Tensor, with_bins: bool, quiet: bool = False) -> Any:
                 compile_state = "ready"
             except Exception:  # no compiler backend here: eager it is
                 _compiled.clear()
-    compiled = _compiled.get(with_bins)
+    compiled = _compiled.get(key)
     if compiled is None:
-        return KERNELS[with_bins](x.contiguous())
+        return KERNELS[key](x.contiguous())
     try:
         return _run_compiled(compiled, x.contiguous())
     except Exception as error:
@@ -216,27 +225,32 @@ def fused_float32(x: Tensor, with_bins: bool, quiet: bool = False) -> Any:
                 LayerscopeWarning,
                 stacklevel=2,
             )
-        return KERNELS[with_bins](x.contiguous())
+        return KERNELS[key](x.contiguous())
 
 
 def histogram_counts(x: Tensor, histogram: HistogramSpec) -> Tensor:
     if isinstance(histogram, LinearHistogram):
         index = linear_bin_index(x, histogram)
     else:
-        index = log2_bin_index(x)
+        index = log2_bin_index(x, signed=histogram.signed)
     return count_bins(index, histogram.slots)
 
 
-def log2_bin_index(x: Tensor) -> Tensor:
-    """Biased float32 exponent of each value: 0 zero/subnormal, 255 non-finite."""
+def log2_bin_index(x: Tensor, signed: bool = False) -> Tensor:
+    """Biased float32 exponent of each value: 0 zero/subnormal, 255 non-finite.
+
+    ``signed``: plus 256 where the sign bit is set (-0.0, -inf and NaN with it set too).
+    """
     if x.dtype == torch.float64:
         # Rebias the float64 exponent onto float32's bins; finite values beyond float32's range
         # land in the outermost finite bins rather than among the non-finite.
-        exponent = (x.view(torch.int64) >> 52) & 0x7FF
-        index = (exponent - (1023 - 127)).clamp(0, 254)
-        return torch.where(torch.isfinite(x), index, 255)
-    # int32 indices: bincount and index_add_ take them, and widening costs a pass.
-    return (x.view(torch.int32) >> 23) & 0xFF
+        bits = x.view(torch.int64)
+        index = (((bits >> 52) & 0x7FF) - (1023 - 127)).clamp(0, 254)
+        index = torch.where(torch.isfinite(x), index, 255)
+        return index + (bits < 0).long() * LOG2_BINS if signed else index
+    # int32 indices: bincount and index_add_ take them, and widening costs a pass. The top
+    # nine bits are the sign and the exponent.
+    return (x.view(torch.int32) >> 23) & (0x1FF if signed else 0xFF)
 
 
 def linear_bin_index(x: Tensor, spec: LinearHistogram) -> Tensor:
@@ -271,6 +285,7 @@ def count_bins(index: Tensor, slots: int) -> Tensor:
     else:
         # On CUDA bincount reads min and max back to the host; index_add_ does not.
         counts = torch.zeros(size, dtype=torch.int64, device=index.device)
-        index = index.int() if index.dtype == torch.uint8 else index  # index_add_ wants ints
+        # index_add_ wants int32 or int64 indices
+        index = index.int() if index.dtype in (torch.uint8, torch.int16) else index
         counts.index_add_(0, index, torch.ones_like(index, dtype=torch.int64))
     return counts[:slots]

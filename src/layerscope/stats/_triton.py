@@ -268,7 +268,7 @@ def _histogram_mode(histogram: HistogramSpec | None, kind: int) -> tuple[int, in
     if histogram is None or kind == modes.INTEGER:
         return modes.NO_HISTOGRAM, 1
     if isinstance(histogram, Log2Histogram):
-        return modes.LOG2, histogram.slots
+        return modes.SIGNED_LOG2 if histogram.signed else modes.LOG2, histogram.slots
     return modes.LINEAR, 1 << (histogram.slots - 1).bit_length()
 
 

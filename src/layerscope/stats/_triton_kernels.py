@@ -30,6 +30,7 @@ from layerscope.stats._triton_values import (
     linear_slots,
     log2_slots,
     power_of_two,
+    signed_log2_slots,
 )
 
 # Globals that kernels read must be constexpr: _triton_modes' values, and the layouts.
@@ -39,6 +40,7 @@ INTEGER = tl.constexpr(modes.INTEGER)
 NO_HISTOGRAM = tl.constexpr(modes.NO_HISTOGRAM)
 LOG2 = tl.constexpr(modes.LOG2)
 LINEAR = tl.constexpr(modes.LINEAR)
+SIGNED_LOG2 = tl.constexpr(modes.SIGNED_LOG2)
 
 # Columns of a program's row: the partials before merging.
 PART_COUNT = tl.constexpr(0)
@@ -170,6 +172,8 @@ def partials_kernel(
 
             if HISTOGRAM == LOG2:
                 hist += tl.histogram(log2_slots(x, KIND), SLOTS_POW2, mask=inside)
+            elif HISTOGRAM == SIGNED_LOG2:
+                hist += tl.histogram(signed_log2_slots(x, KIND), SLOTS_POW2, mask=inside)
             elif HISTOGRAM == LINEAR:
                 slots = linear_slots(x, linear, SLOTS_POW2)
                 hist += tl.histogram(slots, SLOTS_POW2, mask=inside & (x == x))

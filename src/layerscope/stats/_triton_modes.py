@@ -16,3 +16,4 @@ BF16 = 5  # bfloat16, read as its bits (int16): float32's top half, subnormals k
 NO_HISTOGRAM = 0
 LOG2 = 1
 LINEAR = 2
+SIGNED_LOG2 = 3  # the log2 histogram split by sign: 512 slots

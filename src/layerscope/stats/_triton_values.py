@@ -58,6 +58,16 @@ def log2_slots(x, KIND: tl.constexpr):
 
 
 @triton.jit
+def signed_log2_slots(x, KIND: tl.constexpr):
+    """The signed log2 histogram's slot: ``log2_slots``, plus 256 where the sign bit is set."""
+    if KIND == FLOAT64:
+        negative = x.to(tl.int64, bitcast=True) < 0
+        return log2_slots(x, KIND) + tl.where(negative, 256, 0)
+    else:
+        return (x.to(tl.int32, bitcast=True) >> 23) & 0x1FF  # the sign, then the exponent
+
+
+@triton.jit
 def linear_slots(x, linear, BINS: tl.constexpr):
     """The linear histogram's slot, as ``linear_bin_index`` computes it, NaN in slot 0."""
     lo = tl.load(linear + 0)

@@ -4,7 +4,8 @@ At a flush the buffers come to the host in one copy each, readings of the same s
 identity are merged (forward and backward kinds: micro-batches and eval batches of a step add
 up) or replaced (parameter and buffer kinds: the last reading of a step is the one after
 accumulation), and the merged partials are finalised. Key columns stay integer codes until a
-consumer asks for them, so writers build them without a Python loop.
+consumer asks for them, so writers build them without a Python loop. A log2 histogram split by
+sign merges split, slot by slot, and is finalised into the magnitudes and the negative half.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from layerscope.recording import (
     Grouping,
     group_readings,
 )
-from layerscope.stats import WIDTH, StatSelection, finalize, merge_groups
+from layerscope.stats import LOG2_BINS, WIDTH, StatSelection, finalize, merge_groups
 
 # A custom statistic of a group being merged: numel-weighted sum, total weight, and whether the
 # function returned a 0-d tensor. A None sum marks values whose lengths disagreed.
@@ -45,6 +46,7 @@ class Merged:
     forms: Tensor  # (groups,) int64: form of each row's first reading
     rows: Tensor  # (groups, row_width) float64: merged partials, then histogram counts
     custom: list[dict[str, _CustomSum]] | None  # None where no reading has custom statistics
+    signed: bool = False  # the histogram is the log2 one split by sign (Batch.signed_log2)
 
 
 def merge_batches(
@@ -107,6 +109,7 @@ def merge_batches(
             forms=first[:, FORM],
             rows=merged,
             custom=_merged_custom(carry, customs, grouping),
+            signed=any(batch.signed_log2 for batch in batches),
         ),
         scalars,
     )
@@ -132,7 +135,8 @@ def split_merged(
         custom = merged.custom
         if custom is not None:
             custom = [sums for sums, keep in zip(custom, mask.tolist(), strict=True) if keep]
-        return Merged(merged.keys[mask], merged.forms[mask], merged.rows[mask], custom)
+        rows = merged.rows[mask]
+        return Merged(merged.keys[mask], merged.forms[mask], rows, custom, merged.signed)
 
     return part(done), part(~done)
 
@@ -199,7 +203,12 @@ def finalize_merged(
         else [None] * rows
         for name in selection.custom_columns  # null in rows of kinds without it
     }
-    has_hist = "hist" in selection.builtin and merged.rows.shape[1] > WIDTH
+    hist = negative = None
+    if "hist" in selection.builtin and merged.rows.shape[1] > WIDTH:
+        hist = merged.rows[:, WIDTH:]
+        if merged.signed:  # the magnitudes are the halves' sum: as counted unsplit, exactly
+            negative = hist[:, LOG2_BINS:]
+            hist = hist[:, :LOG2_BINS] + negative
     return StatsRows(
         step=keys[:, 0],
         identity=keys[:, 1],
@@ -208,7 +217,8 @@ def finalize_merged(
         rank=rank,
         stats=kept,
         custom=custom,
-        hist=merged.rows[:, WIDTH:] if has_hist else None,
+        hist=hist,
+        negative=negative,
     )
 
 

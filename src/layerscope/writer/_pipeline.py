@@ -26,7 +26,7 @@ from layerscope._errors import FailureCounter
 from layerscope.distributed import ProcessRank
 from layerscope.health import HealthMonitor
 from layerscope.model import AttentionRow, Identities, StatsRows
-from layerscope.recording import Batch, arrive
+from layerscope.recording import Batch, arrive, counted_histogram
 from layerscope.sinks import FanOut, Records, RunSummary
 from layerscope.stats import StatSelection
 from layerscope.writer._attention import AttentionMerge
@@ -35,7 +35,7 @@ from layerscope.writer._rank_merge import RankMerge
 from layerscope.writer._sentinel_rows import SentinelCarry, sentinel_rows
 
 # Batches, and readings in them, that wait for the writer at most: a bound on the host memory
-# they hold (a reading's row of partials and log2 histogram is 2 KB).
+# they hold (a reading's row of partials and log2 histogram is 2 KB, 4 KB split by sign).
 WAITING_BATCHES = 64
 WAITING_READINGS = 8192
 
@@ -69,6 +69,10 @@ class Pipeline:
         rank_merge: RankMerge | None = None,
     ) -> None:
         self.sink = sink
+        # Read by the recorder (a BatchOutlet): the log2 histogram is counted split by sign.
+        self.signed_histograms = sink.signed_histograms
+        if rank_merge is not None:  # the rows it merges are the ones the recorder counts
+            rank_merge.counted = counted_histogram(rank_merge.counted, self)
         self.rank_merge = rank_merge
         self.health = health
         self.recorded_rows = 0

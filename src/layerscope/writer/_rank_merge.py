@@ -13,6 +13,10 @@ Means and M2 merge as in ``stats._merge`` (Chan et al.), in sums: each rank adds
 before (the same on every rank, as all of them get the sums), so the subtraction loses
 nothing even where the mean is far larger than the spread.
 
+Histograms add up slot by slot; a log2 histogram split by sign (where a sink draws signed
+values, ``recording.counted_histogram``) stays split where every rank's is, else the ranks add
+their magnitudes.
+
 What merges: forward and backward kinds add up over ranks (each rank saw other data); a
 parameter kind adds up only where the rank holds a shard of it (FSDP2), giving statistics of
 the whole parameter; a replicated parameter (DDP) is rank 0's. Custom statistics are not
@@ -29,7 +33,7 @@ import torch
 from torch import Tensor
 
 from layerscope.model import STATE_KINDS, Form, Identities, Identity
-from layerscope.stats import WIDTH, Field, Merge
+from layerscope.stats import WIDTH, Field, HistogramSpec, Merge
 from layerscope.writer._merging import Merged
 
 if TYPE_CHECKING:
@@ -40,9 +44,10 @@ if TYPE_CHECKING:
 _SUMMED = tuple(field for field in Field if field.merge is Merge.SUM)  # counts, in row order
 _SHIFTED_SUM, _SHIFTED_SQUARES, _PRESENT = range(len(_SUMMED), len(_SUMMED) + 3)
 _SUM_WIDTH = len(_SUMMED) + 3
-# A flush's agreement (a MAX of 7 integers): any rank with identities not yet laid out; the
+# A flush's agreement (a MAX of 8 integers): any rank with identities not yet laid out; the
 # count and sum of its steps, and their negatives, whose maxima equal minus the minima only
-# where every rank agrees; the lowest and highest histogram slot holding a count.
+# where every rank agrees; the lowest and highest histogram slot holding a count (of either
+# sign's half); any rank whose histograms are not split by sign.
 # How long a rank waits for the others in a collective before giving merging up.
 TIMEOUT = datetime.timedelta(seconds=120)
 
@@ -60,11 +65,10 @@ def rank_merge_for(
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
-    slots = config.histogram.slots if config.histogram is not None else 0
     shapes = {
         (info.name, name): shape for info in modules for name, shape in info.parameters.items()
     }
-    return RankMerge(identities, WIDTH + slots, shapes)
+    return RankMerge(identities, config.histogram, shapes)
 
 
 class RankMerge:
@@ -75,14 +79,15 @@ class RankMerge:
 
     Args:
         identities: the scope's interned identities and forms.
-        row_width: columns of a merged row (partials, then histogram slots).
+        histogram: the watch's histogram; ``counted`` is the one the recorder counts (the
+            writer's ``Pipeline`` sets it: the log2 one split by sign where a sink asks).
         shapes: the whole shape of each ``(module, parameter)``, for merged shards' rows.
     """
 
     def __init__(
         self,
         identities: Identities,
-        row_width: int,
+        histogram: HistogramSpec | None,
         shapes: Mapping[tuple[str, str], tuple[int, ...]],
     ) -> None:
         import torch.distributed as dist
@@ -91,7 +96,8 @@ class RankMerge:
         self.world_size = dist.get_world_size()
         self._group = dist.new_group(backend="gloo", timeout=TIMEOUT)
         self._identities = identities
-        self._row_width = row_width
+        self._slots = histogram.slots if histogram is not None else 0  # of a sign's half
+        self.counted = histogram
         self._shapes = dict(shapes)
         self._keys: list[Identity] = []  # the agreed order, the same on every rank
         self._index: dict[Identity, int] = {}
@@ -116,12 +122,15 @@ class RankMerge:
             key: form for key, form in zip(keys, local_forms, strict=True) if key not in self._index
         }
         low, high = self._occupied(done)
+        own_split = self.counted is not None and self.counted.signed
         header = torch.tensor(
-            [bool(new), len(step_values), int(step_values.sum()), -len(step_values), 0, -low, high],
+            [bool(new), len(step_values), int(step_values.sum()), -len(step_values), 0, -low, high,
+             not own_split],
             dtype=torch.int64,
-        )
+        )  # fmt: skip
         header[4] = -header[2]
         dist.all_reduce(header, dist.ReduceOp.MAX, group=self._group)
+        split = not bool(header[7])  # every rank's rows are split by sign
         if header[0]:
             self._learn(new)
         if header[1] != -header[3] or header[2] != -header[4]:
@@ -130,18 +139,29 @@ class RankMerge:
             return None
         # Histogram slots from the lowest any rank holds to the highest: a tensor's log2
         # histogram spans a few dozen of the 256, and the collectives carry no others.
-        slots = slice(WIDTH + int(-header[5]), WIDTH + max(int(header[6]), int(-header[5]) - 1) + 1)
-        sums, extremes = self._packed(done, keys, steps, step_values, slots)
+        span = slice(int(-header[5]), max(int(header[6]), int(-header[5]) - 1) + 1)
+        sums, extremes = self._packed(done, keys, steps, step_values, (span, split))
         dist.all_reduce(sums, dist.ReduceOp.SUM, group=self._group)
         dist.all_reduce(extremes, dist.ReduceOp.MAX, group=self._group)
-        return self._merged(sums, extremes, step_values, slots)
+        return self._merged(sums, extremes, step_values, (span, split))
+
+    def _halves(self, rows: Tensor) -> Tensor:
+        """The histogram columns of ``rows`` as ``(rows, halves, slots)``: split by sign or not."""
+        halves = (rows.shape[1] - WIDTH) // self._slots if self._slots else 1
+        return rows[:, WIDTH:].view(rows.shape[0], halves, self._slots)
+
+    def _histogram_part(self, rows: Tensor, hist: tuple[slice, bool]) -> Tensor:
+        """The slots ``span`` of each half side by side where ``split``, else their sum."""
+        span, split = hist
+        part = self._halves(rows)[:, :, span]
+        return part.reshape(rows.shape[0], -1) if split else part.sum(dim=1)
 
     def _occupied(self, done: Merged | None) -> tuple[int, int]:
         """The first and last histogram slot holding a count in ``done``; (slots, -1) if none."""
-        slots = self._row_width - WIDTH
+        slots = self._slots
         if done is None or slots == 0:
             return slots, -1
-        held = torch.nonzero(done.rows[:, WIDTH:].any(dim=0)).flatten()
+        held = torch.nonzero(self._halves(done.rows).any(dim=0).any(dim=0)).flatten()
         if len(held) == 0:
             return slots, -1
         return int(held[0]), int(held[-1])
@@ -176,11 +196,15 @@ class RankMerge:
         keys: list[Identity],
         steps: Tensor,
         step_values: Tensor,
-        hist: slice,
+        hist: tuple[slice, bool],
     ) -> tuple[Tensor, Tensor]:
-        """This rank's part of the SUM and of the MAX collective, one row per (step, key)."""
+        """This rank's part of the SUM and of the MAX collective, one row per (step, key).
+
+        ``hist``: the histogram slots carried, of each half where they are split by sign.
+        """
         slots = len(step_values) * len(self._keys)
-        width = _SUM_WIDTH + hist.stop - hist.start
+        span, split = hist
+        width = _SUM_WIDTH + (span.stop - span.start) * (2 if split else 1)
         sums = torch.zeros(slots, width, dtype=torch.float64)
         extremes = torch.full((slots, 2), -torch.inf, dtype=torch.float64)
         if done is None or not keys:
@@ -197,7 +221,7 @@ class RankMerge:
         sums[slot, _SHIFTED_SUM] = count * offset
         sums[slot, _SHIFTED_SQUARES] = rows[:, Field.M2] + count * offset**2
         sums[slot, _PRESENT] = 1.0
-        sums[slot, _SUM_WIDTH:] = rows[:, hist]
+        sums[slot, _SUM_WIDTH:] = self._histogram_part(rows, hist)
         extremes[slot, 0] = rows[:, Field.MAX]
         extremes[slot, 1] = -rows[:, Field.MIN]
         return sums, extremes
@@ -216,7 +240,7 @@ class RankMerge:
         )
 
     def _merged(
-        self, sums: Tensor, extremes: Tensor, step_values: Tensor, hist: slice
+        self, sums: Tensor, extremes: Tensor, step_values: Tensor, hist: tuple[slice, bool]
     ) -> Merged | None:
         """The merged rows present on some rank, as rank 0's ``Merged``; None elsewhere."""
         count = sums[:, _SUMMED.index(Field.COUNT)]
@@ -231,14 +255,18 @@ class RankMerge:
         self._shift[key_index[counted > 0]] = mean[counted > 0]
         if self.rank != 0:
             return None
-        rows = torch.zeros(len(slots), self._row_width, dtype=torch.float64)
+        span, split = hist
+        width = WIDTH + self._slots * (2 if split else 1)
+        rows = torch.zeros(len(slots), width, dtype=torch.float64)
         rows[:, list(_SUMMED)] = sums[slots, : len(_SUMMED)]
         rows[:, Field.MEAN] = mean
         m2 = sums[slots, _SHIFTED_SQUARES] - counted * offset**2
         rows[:, Field.M2] = m2.clamp(min=0.0)
         rows[:, Field.MAX] = extremes[slots, 0]
         rows[:, Field.MIN] = -extremes[slots, 1]
-        rows[:, hist] = sums[slots, _SUM_WIDTH:]
+        halves = self._halves(rows)
+        carried = (len(slots), halves.shape[1], span.stop - span.start)
+        halves[:, :, span] = sums[slots, _SUM_WIDTH:].view(carried)
         identities = self._identities
         codes = [identities.code(self._keys[index]) for index in key_index.tolist()]
         forms = [identities.form_code(self._whole_form(index)) for index in key_index.tolist()]
@@ -246,7 +274,7 @@ class RankMerge:
             [step_values[slots // len(self._keys)], torch.tensor(codes, dtype=torch.int64)], dim=1
         )
         forms_column = torch.tensor(forms, dtype=torch.int64)
-        return Merged(keys=keys, forms=forms_column, rows=rows, custom=None)
+        return Merged(keys=keys, forms=forms_column, rows=rows, custom=None, signed=split)
 
     def _whole_form(self, index: int) -> Form:
         """The form of a merged row: a shard's becomes its parameter's whole shape."""
