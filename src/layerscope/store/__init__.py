@@ -2,7 +2,8 @@
 
 ``watch(model, run="runs/exp1")`` writes it through a ``ParquetStore``; ``load(path)`` reads
 it back as a ``Run``; ``runs(root)`` lists the runs under a folder. Needs
-``layerscope[dataframe]``.
+``layerscope[dataframe]``; a run on S3, ``layerscope[s3]`` (see ``_objects``), its credentials
+and endpoint given as ``storage_options`` to ``ParquetStore``, ``load`` and ``runs``.
 """
 
 from typing import TYPE_CHECKING

@@ -2,7 +2,8 @@
 
 The merged file is written first and the segments deleted afterwards; a reader skips the
 segments a compacted file covers (see ``_layout``), so a crash between the two steps never
-shows a row twice.
+shows a row twice. On an object store the merged file appears once its upload completes (see
+``_objects``), and the order is the same.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from layerscope._imports import require
-from layerscope.store._files import file_names, write_parquet
+from layerscope.store._files import file_names, remove_file, write_parquet
 from layerscope.store._layout import compacted_name, files_to_read, segment_range
 
 # Rows of a row group of a compacted file: compaction holds fewer than twice as many at once
@@ -59,7 +60,7 @@ def compact(fs: Any, directory: str) -> None:
     merged = f"{directory}/{compacted_name(first, last)}"
     write_parquet(fs, merged, pieces(), schema, row_group=COMPACTED_ROW_GROUP)
     for path in paths:
-        fs.rm(path)
+        remove_file(fs, path)
 
 
 def _conform(table: Any, schema: Any) -> Any:

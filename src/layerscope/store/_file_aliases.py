@@ -6,6 +6,11 @@ path holds such a character is given to DuckDB under a plain name instead,
 ``layerscope-file://f000001.parquet``, through a filesystem registered with the database that
 opens the file the name stands for. DuckDB reads those through Python, about twice as slowly
 as it reads a local path, so paths without such characters are still given as they are.
+
+On an object store every file is read through Python anyway, and DuckDB asks about each file
+it binds many times over (glob, exists, size, modification time), each a request: every file
+there is given under a plain name, and what is asked of a table file, which never changes once
+it appears (``_layout``), is asked of the store once.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any
 
 from fsspec import AbstractFileSystem  # type: ignore[import-untyped]  # no type hints
 
+from layerscope.store._layout import segment_range
+from layerscope.store._objects import is_object_store
 from layerscope.store._regular_files import open_regular
 
 PROTOCOL = "layerscope-file"
@@ -24,8 +31,10 @@ PROTOCOL = "layerscope-file"
 _SPECIAL = ("*", "?", "[", "]", "{", "}", "\\", "://", "::")
 
 
-def needs_alias(path: str) -> bool:
-    """Whether DuckDB could read ``path`` (a path of a filesystem, no protocol) as a pattern.
+def needs_alias(path: str, fs: Any = None) -> bool:
+    """Whether DuckDB is to read ``path`` (of ``fs``, no protocol) under a plain name.
+
+    Yes where it could read the path as a pattern, and for every file of an object store.
 
     Examples:
         >>> needs_alias("/runs/exp1/stats/seg-000001.parquet")
@@ -33,7 +42,7 @@ def needs_alias(path: str) -> bool:
         >>> needs_alias("/runs/exp[1]/stats/seg-000001.parquet"), needs_alias("/runs/a?/x")
         (True, True)
     """
-    return any(mark in path for mark in _SPECIAL)
+    return any(mark in path for mark in _SPECIAL) or (fs is not None and is_object_store(fs))
 
 
 class FileAliases(AbstractFileSystem):  # type: ignore[misc]  # a class of fsspec's: Any
@@ -52,6 +61,7 @@ class FileAliases(AbstractFileSystem):  # type: ignore[misc]  # a class of fsspe
         self._paths: dict[str, str] = {}  # name -> the file's path
         self._names: dict[str, str] = {}  # path -> name
         self._lock = threading.Lock()  # a run's queries may come from several threads
+        self._stable: dict[tuple[str, str], Any] = {}  # (question, path) -> a table file's answer
 
     def url(self, path: str) -> str:
         """The URL DuckDB reads ``path`` by: the same one each time it is asked."""
@@ -75,7 +85,7 @@ class FileAliases(AbstractFileSystem):  # type: ignore[misc]  # a class of fsspe
         return self._paths[name]
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
-        found = dict(self._fs.info(self.path_of(path)))
+        found = dict(self._ask("info", self.path_of(path)))
         found["name"] = self._strip_protocol(path)
         return found
 
@@ -90,9 +100,18 @@ class FileAliases(AbstractFileSystem):  # type: ignore[misc]  # a class of fsspe
 
     def modified(self, path: str) -> datetime.datetime:
         try:
-            return self._fs.modified(self.path_of(path))  # type: ignore[no-any-return]
+            return self._ask("modified", self.path_of(path))  # type: ignore[no-any-return]
         except NotImplementedError:  # a filesystem that keeps no times: files never change
             return datetime.datetime.fromtimestamp(0, datetime.timezone.utc)
+
+    def _ask(self, question: str, path: str) -> Any:
+        """``self._fs.<question>(path)``; once only for a table file, which never changes."""
+        if segment_range(path.rsplit("/", 1)[-1]) is None:  # calls.parquet is written anew
+            return getattr(self._fs, question)(path)
+        key = (question, path)
+        if key not in self._stable:
+            self._stable[key] = getattr(self._fs, question)(path)
+        return self._stable[key]
 
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         if mode != "rb":

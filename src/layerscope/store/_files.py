@@ -1,8 +1,10 @@
 """A rank's files: written so that a reader sees each one whole or not at all, and removed.
 
-Every file goes to a hidden temporary name first and is renamed into place once written:
-on a local disk and on object stores alike, a reader listing the directory never finds half a
-file.
+On a disk every file goes to a hidden temporary name first and is renamed into place once
+written, so a reader listing the directory never finds half a file. On an object store, which
+renames nothing, the file is uploaded under its final name and appears once the upload
+completes (see ``_objects``). Paths are names, never patterns: files are removed one by one by
+their exact paths.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from layerscope.store._layout import (
     SEGMENTED_TABLES,
     segment_range,
 )
+from layerscope.store._objects import is_object_store, upload_whole
 
 # Columns whose min and max let a query skip row groups: the stats table's keys, and the
 # scalars' and calls' own.
@@ -82,11 +85,16 @@ def write_bytes(fs: Any, path: str, payload: bytes) -> None:
 def atomic_write(fs: Any, path: str, write: Callable[[Any], object]) -> None:
     """Write to a hidden temporary name, then rename: readers see all of it or nothing.
 
+    On an object store, the upload of the file under its own name is what is atomic.
+
     Args:
         fs: the fsspec filesystem ``path`` is on.
         path: where the file goes.
         write: writes the contents into the binary file object it is given.
     """
+    if is_object_store(fs):
+        upload_whole(fs, path, write)
+        return
     directory, _, name = path.rpartition("/")
     temporary = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
@@ -100,9 +108,23 @@ def atomic_write(fs: Any, path: str, write: Callable[[Any], object]) -> None:
         raise
 
 
+def remove_file(fs: Any, path: str) -> None:
+    """Remove the file at exactly ``path`` (``fs.rm`` takes ``exp[1]`` for a pattern on some)."""
+    fs.rm_file(path)
+
+
 def file_names(fs: Any, directory: str) -> list[str]:
-    """The names (not paths) of what ``directory`` holds."""
-    return [path.rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(directory, detail=False)]
+    """The names (not paths) of what ``directory`` holds.
+
+    On an object store a folder that holds nothing does not exist: it has no names.
+    """
+    try:
+        listed = fs.ls(directory, detail=False)
+    except FileNotFoundError:
+        if is_object_store(fs):
+            return []
+        raise
+    return [path.rstrip("/").rsplit("/", 1)[-1] for path in listed]
 
 
 def remove_written(fs: Any, place: str, first_segments: dict[str, int]) -> None:
@@ -116,19 +138,25 @@ def remove_written(fs: Any, place: str, first_segments: dict[str, int]) -> None:
     """
     for name in (RUN_FILE, MODULES_FILE, CALLS_FILE):
         if fs.exists(f"{place}/{name}"):
-            fs.rm(f"{place}/{name}")
+            remove_file(fs, f"{place}/{name}")
     for table in SEGMENTED_TABLES:
         if not fs.exists(f"{place}/{table}"):  # a table the run does not keep (attention)
             continue
         for name in file_names(fs, f"{place}/{table}"):
             span = segment_range(name)
             if span is not None and span[0] >= first_segments[table]:
-                fs.rm(f"{place}/{table}/{name}")
+                remove_file(fs, f"{place}/{table}/{name}")
         remove_if_empty(fs, f"{place}/{table}")
 
 
 def remove_if_empty(fs: Any, directory: str) -> None:
-    """Remove ``directory`` if it exists and holds nothing; leave it otherwise."""
+    """Remove ``directory`` if it exists and holds nothing; leave it otherwise.
+
+    On an object store a folder goes with its last file, and what looks like an empty one is
+    a bucket: nothing is removed there.
+    """
+    if is_object_store(fs):
+        return
     try:
         if fs.exists(directory) and not fs.ls(directory, detail=False):
             fs.rmdir(directory)

@@ -7,6 +7,7 @@ it is listed too, as ``unreadable`` with the reason, and the rest are listed as 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from layerscope.store._layout import (
     directory_rank,
     segment_range,
 )
+from layerscope.store._objects import is_object_store
 from layerscope.store._reader import Run
 from layerscope.store.locations import ListedFolder, location_filesystem
 
@@ -30,7 +32,9 @@ MISSING = "missing, though the folder holds a run's other files"
 COLUMNS = ("name", "path", "status", "steps", "ranks", "started", "ended", "error")
 
 
-def runs(root: str | os.PathLike[str]) -> pandas.DataFrame:
+def runs(
+    root: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+) -> pandas.DataFrame:
     """The runs directly under ``root``: name, path, status, steps, ranks, started, ended, error.
 
     ``ranks`` counts the ranks that wrote files. A run's rank directories are not runs.
@@ -51,7 +55,8 @@ def runs(root: str | os.PathLike[str]) -> pandas.DataFrame:
         listed[listed["status"] == "unreadable"][["name", "error"]]
     """
     pandas = require("pandas", "dataframe")
-    rows = [row for name, location in run_folders(root) if (row := run_row(location, name))]
+    folders = run_folders(root, storage_options)
+    rows = [row for name, location in folders if (row := run_row(location, name))]
     frame = pandas.DataFrame(rows, columns=list(COLUMNS))
     for column in ("steps", "ranks"):
         frame[column] = frame[column].astype("Int64")
@@ -62,7 +67,9 @@ def runs(root: str | os.PathLike[str]) -> pandas.DataFrame:
     return frame
 
 
-def run_folders(root: str | os.PathLike[str]) -> list[tuple[str, str]]:
+def run_folders(
+    root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+) -> list[tuple[str, str]]:
     """(name, location) of each folder directly under ``root`` that holds a run.
 
     A run is a folder with a ``run.json`` of its own or of a rank's, or one whose ``run.json``
@@ -75,8 +82,11 @@ def run_folders(root: str | os.PathLike[str]) -> list[tuple[str, str]]:
     """
     if not isinstance(root, str | os.PathLike):
         raise TypeError(f"root: expected the path or URL of a folder, got {type(root).__name__}")
-    fs, base = location_filesystem(root)  # a path, never a pattern or an fsspec chain
+    # A path, never a pattern or an fsspec chain.
+    fs, base = location_filesystem(root, storage_options=storage_options)
     if not fs.exists(base):
+        if is_object_store(fs) and fs.exists(base.split("/", 1)[0]):
+            return []  # a prefix with no files, in a bucket that is there
         raise FileNotFoundError(f"root: no folder at {os.fspath(root)}")
     if not fs.isdir(base):
         raise NotADirectoryError(f"root: {os.fspath(root)} is a file, not a folder of runs")

@@ -6,7 +6,8 @@ and says it runs, from its first moment; a place that another process holds, or 
 be written (a full disk), is said at ``watch()``, before any training. Where the rank is not
 known yet (a process group that comes up after ``watch()``), the root is opened as rank 0's;
 if the rank turns out another once rows come, the rank's own place is opened instead and what
-was opened at the root goes.
+was opened at the root goes. On an object store nothing is made before the files: a folder
+there is the prefix of the files under it (see ``_objects``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 import contextlib
 import json
 
-from layerscope.store._claim import PlaceClaim, check_free, claim_place
+from layerscope.store._claim import Claim, check_free, claim_place
 from layerscope.store._files import file_names, remove_if_empty, remove_written, write_bytes
 from layerscope.store._layout import MODULES_FILE, SEGMENTED_TABLES, next_segment, rank_directory
+from layerscope.store._objects import make_directory
 from layerscope.store._rank_files import RankFiles
 from layerscope.store._run_meta import RunFile, opening_meta
 from layerscope.store._temporaries import remove_stale_temporaries
@@ -30,7 +32,7 @@ class RankPlaces(RankFiles):
     flush_seconds: float
     _root: str
     _first_segments: dict[str, int]
-    _claim: PlaceClaim
+    _claim: Claim
     _settled: bool  # whether the place is the rank's, the rank fixed
 
     def _open_place(self, rank: int, world_size: int, *, reserve: bool) -> None:
@@ -54,18 +56,18 @@ class RankPlaces(RankFiles):
         relative = rank_directory(rank)
         place = f"{self._root}/{relative}".rstrip("/")
         made = bool(relative) and not self._fs.exists(place)
-        self._fs.makedirs(place, exist_ok=True)
+        make_directory(self._fs, place)
         claim = claim_place(self._fs, place, self.path)
         segments: dict[str, int] = {}
         try:
             check_free(self._fs, self._root, self.path, relative)
-            with contextlib.suppress(OSError):  # they only take space; makedirs says what fails
+            with contextlib.suppress(OSError):  # they only take space; writing says what fails
                 remove_stale_temporaries(self._fs, place)
             for table in SEGMENTED_TABLES:
                 if table == "attention" and not info.config.get("attention"):
                     segments[table] = next_segment([])  # a run without: no folder
                     continue
-                self._fs.makedirs(f"{place}/{table}", exist_ok=True)
+                make_directory(self._fs, f"{place}/{table}")
                 segments[table] = next_segment(file_names(self._fs, f"{place}/{table}"))
             meta = opening_meta(
                 info,

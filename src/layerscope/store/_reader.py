@@ -9,6 +9,7 @@ The ranks of a distributed job write a directory each inside the run (see ``_lay
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -16,17 +17,17 @@ from layerscope.model import KEY_COLUMNS, META_COLUMNS, ModuleInfo, run_table
 from layerscope.store._damage import RunFileError, warn_damaged
 from layerscope.store._file_checks import check_modules, check_run_meta, parse_json
 from layerscope.store._layout import (
-    CALLS_FILE,
     MODULES_FILE,
     RUN_FILE,
     SEGMENTED_TABLES,
     directory_rank,
-    files_to_read,
 )
+from layerscope.store._objects import is_object_store
 from layerscope.store._regular_files import read_bounded
 from layerscope.store._run_sql import RunSql
 from layerscope.store._segment_checks import SegmentChecks
 from layerscope.store._status import combine_metas
+from layerscope.store._table_files import table_files
 from layerscope.store._tables import empty_table, read_pieces, table_frame
 from layerscope.store._temporaries import clear_ended_places
 from layerscope.store.locations import location_filesystem
@@ -66,6 +67,7 @@ class Run:
 
     ``Run(path, within=folder)`` (what the dashboard opens) reads no file whose real
     location, links followed, is outside ``folder``: such files are left out as damaged.
+    ``storage_options`` go to the filesystem of a URL (see ``load``).
 
     Raises:
         RunFileError: the run's ``run.json`` is damaged or holds a field of the wrong type.
@@ -77,6 +79,7 @@ class Run:
         ranks: str = "each",
         *,
         within: str | os.PathLike[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if ranks not in RANKS:
             raise ValueError(f"ranks: expected one of {RANKS}, got {ranks!r}")
@@ -88,7 +91,8 @@ class Run:
         self.path = os.fspath(path)
         if not self.path:
             raise ValueError("path: expected the path or URL of a run directory, got ''")
-        self._fs, root = location_filesystem(self.path)  # a path, never a pattern or a chain
+        # A path, never a pattern or a chain.
+        self._fs, root = location_filesystem(self.path, storage_options=storage_options)
         self._root = root.rstrip("/") or root
         # A server's folder: no file whose real location is outside it is read (a link in a
         # run that points elsewhere is left out, named).
@@ -112,6 +116,7 @@ class Run:
             self.outside,
         )
         self._rankless: set[str] = set()  # files written before tables had a rank column
+        self._query_places = threading.local()  # the places a listing of every table uses
         self._sql = RunSql(self._fs, self._listing, self._empty, self._reject, self._rankless)
 
     def __repr__(self) -> str:
@@ -171,7 +176,8 @@ class Run:
         places = [(0, self._root)]
         for path in self._fs.ls(self._root, detail=False):
             rank = directory_rank(path.rstrip("/").rsplit("/", 1)[-1])
-            if rank is not None and self._fs.isdir(path):
+            # On an object store a name listed is a folder or the file it names: no question.
+            if rank is not None and (is_object_store(self._fs) or self._fs.isdir(path)):
                 places.append((rank, path.rstrip("/")))
         return sorted(places)
 
@@ -315,7 +321,12 @@ class Run:
 
     def _listing(self) -> dict[str, list[str]]:
         """Each table's files to read now."""
-        return {table: self._readable(table) for table in TABLES}
+        # The places listed once for all tables: on an object store, each listing is a request.
+        self._query_places.now = self._places()
+        try:
+            return {table: self._readable(table) for table in TABLES}
+        finally:
+            self._query_places.now = None
 
     def _reject(self, path: str, reason: str) -> None:
         """Leave out ``path``, whose pages could not be read: named now, and from now on."""
@@ -331,44 +342,18 @@ class Run:
         Raises:
             FileNotFoundError: a listed file vanished (compacted meanwhile): list again.
         """
-        paths = []
-        for _, place in self._places():
-            if not self._segments.has_meta(place):
-                # Rows no run.json speaks for: of which rank, how many, written by whom?
-                if self._holds_tables(place):
-                    self._skip(place, f"no {RUN_FILE} there: its files are left out")
-                continue
-            if table == "calls":
-                names = [CALLS_FILE] if self._fs.exists(f"{place}/{CALLS_FILE}") else []
-                directory = place
-            else:
-                directory = f"{place}/{table}"
-                names = []
-                present = self._fs.exists(directory)
-                if present and not self._fs.isdir(directory):
-                    self._skip(directory, f"a file where the {table} folder should be")
-                    continue
-                if present:
-                    try:
-                        listed = self._fs.ls(directory, detail=False)
-                    except PermissionError:
-                        self._skip(directory, "this user may not read this folder: left out")
-                        continue
-                    names = files_to_read([p.rstrip("/").rsplit("/", 1)[-1] for p in listed])
-            listing = self._segments.listing(place, table, directory, names)
-            for path, reason in listing.skipped:
-                self._skip(path, reason)
-            self._rankless |= listing.rankless
-            paths += listing.paths
+        places = getattr(self._query_places, "now", None) or self._places()
+        paths, rankless = table_files(self._fs, places, self._segments, table, self._skip)
+        self._rankless |= rankless
         return paths
 
-    def _holds_tables(self, place: str) -> bool:
-        """Whether ``place`` holds any table of a run (rank directories aside)."""
-        tables = [f"{place}/{table}" for table in SEGMENTED_TABLES]
-        return any(self._fs.exists(path) for path in [*tables, f"{place}/{CALLS_FILE}"])
 
-
-def load(path: str | os.PathLike[str], ranks: str = "each") -> Run:
+def load(
+    path: str | os.PathLike[str],
+    ranks: str = "each",
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Run:
     """Open a run written by ``layerscope.watch(model, run=path)``, finished or not.
 
     The files of every rank of a distributed job are read as one run.
@@ -380,16 +365,18 @@ def load(path: str | os.PathLike[str], ranks: str = "each") -> Run:
             into whole-job rows (activations and gradients of all ranks' data, sharded
             parameters whole), exactly as ``watch(ranks="merge")`` merges while training.
             ``run.sql`` reads the rows as stored either way.
+        storage_options: options of a URL's filesystem, as fsspec takes them (for s3fs:
+            ``key``, ``secret``, ``client_kwargs={"endpoint_url": ...}``).
 
     Returns:
         A ``Run``; its tables are read from disk at each access, so a run still being
         written shows more rows each time.
 
     Raises:
-        TypeError: ``path`` is not a path or URL.
+        TypeError: ``path`` is not a path or URL, or ``storage_options`` not a dict.
         NotADirectoryError: ``path`` is a file.
         FileNotFoundError: no run is there.
         ValueError: a newer layerscope wrote the run, or ``ranks`` is not ``"each"`` or
             ``"merge"``.
     """
-    return Run(path, ranks)
+    return Run(path, ranks, storage_options=storage_options)

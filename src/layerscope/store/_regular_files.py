@@ -4,7 +4,8 @@ A run folder may come from anyone, so what stands where a file should be is not 
 FIFO blocks whoever opens it until someone writes to it (forever, for a reader), and a link
 to ``/dev/zero`` never ends. So a reader looks before it opens (``stat`` opens nothing, and
 opening some devices does something), opens without blocking, and checks again what it
-opened, in case it was swapped meanwhile. A JSON file is read up to a bound.
+opened, in case it was swapped meanwhile. A JSON file is read up to a bound. An object store
+holds objects only: what was opened there is asked what it is, with no request of its own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import stat
 from typing import Any, BinaryIO
 
 from layerscope.store._damage import RunFileError
+from layerscope.store._objects import is_object_store
 
 #: The most bytes of ``run.json`` or ``modules.json`` read. A ``run.json`` is a few KiB
 #: (its configuration and argv), a ``modules.json`` about 250 bytes a module: 64 MiB holds
@@ -40,12 +42,15 @@ def open_regular(fs: Any, path: str) -> BinaryIO:
         FileNotFoundError: there is nothing at ``path``.
         OSError: it cannot be opened (permissions).
     """
-    if not is_local(fs):
-        kind = fs.info(path).get("type")
-        if kind != "file":
-            raise RunFileError(path, f"{_article(kind)}, not a regular file")
+    if is_object_store(fs):
         file: BinaryIO = fs.open(path, "rb")
+        # What opening it asked of the store: a prefix of objects opens as a folder.
+        _check_kind(path, getattr(file, "details", {}).get("type", "file"), file)
         return file
+    if not is_local(fs):
+        _check_kind(path, fs.info(path).get("type"))
+        opened: BinaryIO = fs.open(path, "rb")
+        return opened
     _check_mode(path, os.stat(path).st_mode)
     descriptor = os.open(path, _FLAGS)
     try:
@@ -74,6 +79,15 @@ def read_bounded(fs: Any, path: str, limit: int = JSON_LIMIT) -> bytes:
 def is_local(fs: Any) -> bool:
     """Whether ``fs`` is the local disk (where FIFOs and devices are)."""
     return fs.protocol in ("file", ("file", "local"))
+
+
+def _check_kind(path: str, kind: object, opened: BinaryIO | None = None) -> None:
+    """Raise ``RunFileError`` unless fsspec's ``kind`` of ``path`` is a file (closing it)."""
+    if kind == "file":
+        return
+    if opened is not None:
+        opened.close()
+    raise RunFileError(path, f"{_article(kind)}, not a regular file")
 
 
 def _check_mode(path: str, mode: int) -> None:

@@ -6,7 +6,8 @@ The writer renews ``updated`` and the counters at every flush and sets ``status`
 On a full disk, ``run.json`` could not be rewritten either (a new copy is written before it
 replaces the old), and a run that ended well would read as crashed. So a writer holds a
 hidden reserve file next to it while it writes, and gives the reserve up for ``run.json``
-when the disk is full (see ``ParquetStore``).
+when the disk is full (see ``ParquetStore``). An object store has no disk to fill: no reserve
+is kept there.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from layerscope._version import __version__
-from layerscope.store._files import write_bytes
+from layerscope.store._files import remove_file, write_bytes
 from layerscope.store._layout import RUN_FILE, SCHEMA_VERSION, SEGMENTED_TABLES
+from layerscope.store._objects import is_object_store
 
 if TYPE_CHECKING:
     from layerscope.sinks import RunInfo
@@ -148,10 +150,12 @@ class RunFile:
     def hold_reserve(self) -> None:
         """Make the reserve, unless it is there; nothing of it stays if that fails.
 
+        On an object store there is nothing to hold: ``run.json`` always has room there.
+
         Raises:
             OSError: no room for it (or the place is not writable).
         """
-        if self.reserved:
+        if self.reserved or is_object_store(self.fs):
             return
         path = f"{self.place}/{RESERVE_FILE}"
         try:
@@ -160,15 +164,17 @@ class RunFile:
                 file.write(os.urandom(max(RESERVE_BYTES, 4 * self._largest)))
         except BaseException:
             with contextlib.suppress(OSError):  # the error that matters is the one raised
-                self.fs.rm(path)
+                remove_file(self.fs, path)
             raise
         self.reserved = True
 
     def release_reserve(self) -> None:
         """Remove the reserve, if it is there (also one a killed writer left in this place)."""
         self.reserved = False
+        if is_object_store(self.fs):  # none is kept there: no request to make
+            return
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(f"{self.place}/{RESERVE_FILE}")
+            remove_file(self.fs, f"{self.place}/{RESERVE_FILE}")
 
 
 def _user() -> str:

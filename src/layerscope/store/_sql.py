@@ -53,7 +53,7 @@ class Database:
         """How DuckDB is to name the file at ``path``: never as a pattern (``_file_aliases``)."""
         from layerscope.store._file_aliases import FileAliases, needs_alias
 
-        if not needs_alias(path):
+        if not needs_alias(path, self._fs):
             return duckdb_url(self._fs, path)
         with self._lock:
             if self._aliases is None:

@@ -12,7 +12,7 @@ import contextlib
 import re
 from typing import Any
 
-from layerscope.store._files import file_names
+from layerscope.store._files import file_names, remove_file
 from layerscope.store._layout import (
     CALLS_FILE,
     MODULES_FILE,
@@ -20,6 +20,7 @@ from layerscope.store._layout import (
     SEGMENTED_TABLES,
     segment_range,
 )
+from layerscope.store._objects import is_object_store
 from layerscope.store._run_meta import RunFile
 
 # Exactly what atomic_write names a temporary: a user's own hidden files are never touched.
@@ -36,7 +37,8 @@ def remove_stale_temporaries(fs: Any, place: str) -> list[str]:
     entered: each rank's place is cleaned on its own.
 
     Call it only when no writer of ``place`` is alive: a live writer's temporary is a file it
-    is writing, and removing it loses that file.
+    is writing, and removing it loses that file. On an object store, where no writer makes a
+    temporary (see ``_objects``), nothing is listed.
 
     Args:
         fs: the fsspec filesystem the run is on.
@@ -54,6 +56,8 @@ def remove_stale_temporaries(fs: Any, place: str) -> list[str]:
         ['/doc/stale/stats/.data-000001-000002.parquet.0badcafe.tmp']
         >>> fs.rm("/doc/stale", recursive=True)
     """
+    if is_object_store(fs):
+        return []
     removed = []
     directories = [(place, _is_place_file)]
     directories += [(f"{place}/{table}", _is_table_file) for table in SEGMENTED_TABLES]
@@ -64,7 +68,7 @@ def remove_stale_temporaries(fs: Any, place: str) -> list[str]:
                 continue
             path = f"{directory}/{name}"
             try:
-                fs.rm(path)
+                remove_file(fs, path)
             except FileNotFoundError:  # removed by someone else meanwhile: gone all the same
                 continue
             removed.append(path)
@@ -92,7 +96,8 @@ def clear_ended_places(fs: Any, places: dict[int, str], ranks: list[dict[str, An
 
     A rank that finished, failed or crashed writes nothing more: a temporary there (a
     compaction's, most often: megabytes) and its ``run.json``'s reserve are garbage. A reader
-    on read-only storage leaves them.
+    on read-only storage leaves them. On an object store a writer leaves neither (it uploads
+    files under their own names and keeps no reserve): nothing is asked of it there.
 
     Args:
         fs: the fsspec filesystem of the run.

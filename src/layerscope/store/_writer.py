@@ -6,6 +6,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from layerscope._imports import require
@@ -15,9 +16,10 @@ from layerscope.sinks import Records, RunInfo, RunSummary
 from layerscope.store._claim import PlaceClaim, check_own_directory
 from layerscope.store._files import remove_if_empty
 from layerscope.store._layout import SEGMENTED_TABLES
+from layerscope.store._objects import make_directory
 from layerscope.store._places import RankPlaces
 from layerscope.store._run_meta import RunFile
-from layerscope.store.locations import location_filesystem
+from layerscope.store.locations import check_storage_options, location_filesystem
 
 
 class ParquetStore(RankPlaces):
@@ -65,6 +67,10 @@ class ParquetStore(RankPlaces):
     (as torchrun sets it). ``run.json`` is rewritten at every flush, also an idle one: its
     ``updated`` time is the heartbeat by which a reader on any host tells a run that died.
 
+    On an object store (``s3://``, with s3fs) the run is written the same way, without
+    folders or renames: each file is uploaded whole under its own name, and a writer's claim
+    on its place is an object created only if absent (see ``_objects`` and ``_object_claim``).
+
     Args:
         path: the run's directory: a local path or an fsspec URL (``memory://``, ``s3://``...).
             It must not hold a run already.
@@ -73,6 +79,9 @@ class ParquetStore(RankPlaces):
         queue_size: how many flushes may wait for the writer thread; past that, new ones are
             dropped (and counted) rather than training slowed.
         name: the run's name; the directory's name by default.
+        storage_options: options of the URL's filesystem, as fsspec takes them: for s3fs
+            ``key``, ``secret``, ``client_kwargs={"endpoint_url": ...}``... They are never
+            written into the run. ``layerscope.load(path, storage_options=...)`` reads it.
 
     Examples:
         >>> import torch, layerscope
@@ -94,6 +103,7 @@ class ParquetStore(RankPlaces):
         flush_seconds: float = 5.0,
         queue_size: int = 256,
         name: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise TypeError(f"run: expected a path or URL, got {type(path).__name__}")
@@ -107,6 +117,7 @@ class ParquetStore(RankPlaces):
         check_within(flush_seconds, "flush_seconds", Bound(0, MAX_FLUSH_SECONDS))
         _check_count("queue_size", queue_size, MAX_QUEUE_SIZE)
         self.queue_size = queue_size
+        self.storage_options = check_storage_options(storage_options)
         self.path = os.fspath(path)
         self.flush_steps = flush_steps
         self.flush_seconds = float(flush_seconds)
@@ -155,14 +166,16 @@ class ParquetStore(RankPlaces):
         """
         require("pyarrow", "dataframe")
         # Its own filesystem object: a transaction on fsspec's shared one would hold writes back.
-        self._fs, root = location_filesystem(self.path, fresh=True)
+        self._fs, root = location_filesystem(
+            self.path, fresh=True, storage_options=self.storage_options
+        )
         self._root = root.rstrip("/")
         self._info = info
         known = info.place.peek()
         check_own_directory(self._fs, self._root, self.path)
         try:
             self._made_root = not self._fs.exists(self._root)
-            self._fs.makedirs(self._root, exist_ok=True)
+            make_directory(self._fs, self._root)
         except OSError as error:  # before training: better said now than dropped later
             raise OSError(f"run: cannot make the run directory {self.path}: {error}") from error
         try:

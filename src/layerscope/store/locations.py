@@ -4,6 +4,11 @@ A path is a name, never a pattern: a run folder named ``exp[1]`` or ``a?`` is th
 and one named ``a::b`` is not an fsspec chain of ``a`` and ``b``. Only a string that holds
 ``://`` and is no local path that exists is a URL, and fsspec reads it as such.
 
+Options for the filesystem of a URL (``storage_options``: credentials, an endpoint) are passed
+as they are to fsspec, which also adds those of its configuration (``FSSPEC_S3='{...}'`` in
+the environment, or ``~/.config/fsspec/``). An object store's listings are read anew each
+time: a run being written gains files that a cached listing would hide.
+
 This one function decides it for every stage that opens a run or a folder of runs (the
 reader, the listing, the writer, whole tensors, the trainer callbacks); it is a module of
 its own, not a name of ``layerscope.store``'s face, so that ``layerscope.tensors``, which
@@ -13,9 +18,11 @@ that face uses, can take it without a loop.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from layerscope._imports import require
+from layerscope.store._objects import OBJECT_PROTOCOLS
 
 #: What makes a string a URL rather than a local path (unless a local path of that name exists).
 URL_MARK = "://"
@@ -38,8 +45,28 @@ class ListedFolder(str):
         return folder
 
 
+def check_storage_options(options: object) -> dict[str, Any]:
+    """``options`` as a dict of keyword arguments for a filesystem, or a ``TypeError``.
+
+    Examples:
+        >>> check_storage_options({"anon": True}), check_storage_options(None)
+        ({'anon': True}, {})
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options):
+        raise TypeError(
+            f"storage_options: expected a dict of the filesystem's options by name, got "
+            f"{type(options).__name__}"
+        )
+    return dict(options)
+
+
 def location_filesystem(
-    location: str | os.PathLike[str], *, fresh: bool = False
+    location: str | os.PathLike[str],
+    *,
+    fresh: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> tuple[Any, str]:
     """The fsspec filesystem ``location`` is on, and its path there.
 
@@ -48,6 +75,8 @@ def location_filesystem(
             ``s3://bucket/runs/exp1`` (fsspec chains like ``simplecache::s3://...`` too).
         fresh: a filesystem object of its own rather than fsspec's shared one, so that a
             transaction someone opens on the shared one holds nothing of ours back.
+        storage_options: options of a URL's filesystem (s3fs's ``key``, ``secret``,
+            ``client_kwargs={"endpoint_url": ...}``...); a local path takes none.
 
     Returns:
         ``(fs, path)``: for a local path, the absolute path with ``/`` separators, as
@@ -63,15 +92,19 @@ def location_filesystem(
         'memory'
     """
     fsspec = require("fsspec", "dataframe")
+    given = check_storage_options(storage_options)
     if isinstance(location, ListedFolder):  # where a listing found it, whatever its URL says
         fs = location.fs
         if fresh:
-            fs = type(fs)(**fs.storage_options, skip_instance_cache=True)
+            fs = type(fs)(**{**fs.storage_options, "skip_instance_cache": True})
         return fs, location.path
     text = os.fspath(location)
     options = {"skip_instance_cache": True} if fresh else {}
     if URL_MARK in text and not os.path.lexists(text):
-        fs, path = fsspec.core.url_to_fs(text, **options)
+        # A chain (``simplecache::s3://``) is named by its first protocol: it keeps its own.
+        if text.partition(URL_MARK)[0] in OBJECT_PROTOCOLS:
+            given = {"use_listings_cache": False, **given}
+        fs, path = fsspec.core.url_to_fs(text, **{**given, **options})
         return fs, path
     local = require("fsspec.implementations.local", "dataframe")
     return fsspec.filesystem("file", **options), local.make_path_posix(text).rstrip("/") or "/"
