@@ -65,7 +65,9 @@ class WholeTensors:
             from layerscope.store.locations import location_filesystem
 
             # Its own filesystem object, as the store's: no transaction of the training holds it.
-            self._fs, root = location_filesystem(store.path, fresh=True)
+            self._fs, root = location_filesystem(
+                store.path, fresh=True, storage_options=store.storage_options
+            )
             self._root = root.rstrip("/")
         self.workers: TensorWorkers | None = None
         if on_tensor is not None:
