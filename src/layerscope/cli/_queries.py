@@ -122,11 +122,18 @@ def layer_trends(run: Run, phase: str, rank: int) -> pandas.DataFrame:
         f"arg_max({quote_identifier(stat)}, step) as {quote_identifier(stat + '_last')}"
         for stat in SHOWN_STATS
     )
+    # Only each layer's first and last steps are pooled: a long run's other steps are most
+    # of its rows, and the window below would sort them all.
     return run.sql(
         f"""
-        with readings as (
+        with ends as (
+            select module, kind, min(step) as first_step, max(step) as last_step
+            from stats where {row_filter(columns)} group by module, kind
+        ),
+        readings as (
             select module, kind, step, numel::double as n, {stat_expressions(columns)}
-            from stats where {row_filter(columns)}
+            from stats join ends using (module, kind)
+            where {row_filter(columns)} and step in (ends.first_step, ends.last_step)
         ),
         centred as (
             select *, sum(n * mean) over tensors / sum(n) over tensors as layer_mean
