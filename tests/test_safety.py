@@ -124,7 +124,7 @@ def _live_tensors():
         return sum(1 for obj in gc.get_objects() if isinstance(obj, torch.Tensor))
 
 
-def test_memory_and_live_tensors_flat_over_200_attach_detach_cycles():
+def test_memory_and_live_tensors_flat_over_100_attach_detach_cycles():
     model = _net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(4, 1, 8, 8)
@@ -140,7 +140,7 @@ def test_memory_and_live_tensors_flat_over_200_attach_detach_cycles():
         cycle()
     baseline = _live_tensors()
     scopes = weakref.WeakSet()
-    for _ in range(200):
+    for _ in range(100):  # one tensor kept a cycle would show as 100 more
         scopes.add(cycle())
     gc.collect()
     assert _live_tensors() <= baseline
