@@ -3,17 +3,8 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
-
-
-def _benchmark(name):
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+from tests.test_benchmarks import _benchmark
 
 
 def test_write_ranks_writes_each_rank_in_its_place(tmp_path):

@@ -96,7 +96,8 @@ class InputGradients:
         fail: Callable[[str, BaseException], None],
         call_of: Callable[[str], int],
     ) -> None:
-        self._targets = list(targets)
+        names = InputNames.cache()  # each forward's signature read once, here
+        self._targets = [(target, module, names(module)) for target, module in targets]
         self._clock = clock
         self._recorder = recorder
         self._meter = meter
@@ -107,9 +108,8 @@ class InputGradients:
     def sync(self) -> None:
         """Hook the modules while the step records; take the hooks off otherwise."""
         if self._clock.recording and self._targets and not len(self._handles):
-            names = InputNames.cache()
-            for target, module in self._targets:
-                hook = partial(self._before, target, module, names(module))
+            for target, module, names in self._targets:
+                hook = partial(self._before, target, module, names)
                 self._handles.add(module.register_forward_pre_hook(hook, with_kwargs=True))
         elif not self._clock.recording and len(self._handles):
             self._handles.remove()
