@@ -5,9 +5,12 @@ import torch
 from cli_runs import check_golden, field, forward_only, normalised, rows_of, tiny_model, train
 from torch import nn
 
+import layerscope
 from layerscope.cli._compare import relative_difference
 
 pytest.importorskip("duckdb")  # the commands query runs with DuckDB
+
+STEPS = 3
 
 
 def test_diff_plain_is_the_golden_text(tmp_path, cli):
@@ -86,3 +89,86 @@ def test_runs_of_other_architectures_compare_only_the_layers_they_share(cli, tmp
     table = out[out.index("layers, most different first") :]
     compared = {line.split()[0] for line in table.splitlines()[3:] if line.strip()}
     assert compared == {"0"}
+
+
+def _float64_stats(output):
+    output = output.detach().double()
+    return {"absmax": output.abs().max().item(), "std": output.std().item()}
+
+
+def _two_ranks(path, scale_of_rank_1, monkeypatch):
+    """A job of two ranks, as torchrun's environment says, rank 1's inputs x ``scale_of_rank_1``.
+
+    Returns:
+        The run's path, and by rank the float64 abs-max and std of each Linear's output at
+        the last step.
+    """
+    stats = {}
+    for rank, scale in ((0, 1.0), (1, scale_of_rank_1)):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        model = tiny_model()
+        last = {}
+        for name in ("0", "2"):
+            model.get_submodule(name).register_forward_hook(
+                lambda m, i, out, name=name, last=last: last.__setitem__(name, _float64_stats(out))
+            )
+        sgd = torch.optim.SGD(model.parameters(), lr=0.01)
+        batches = torch.randn(STEPS, 8, 4, generator=torch.Generator().manual_seed(1 + rank))
+        with layerscope.watch(model, sgd, run=str(path), every=1, alerts=False) as scope:
+            for batch in batches * scale:
+                model(batch).pow(2).mean().backward()
+                sgd.step()
+                sgd.zero_grad()
+                scope.step()
+        stats[rank] = last
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    return path, stats
+
+
+def test_rank_compares_that_rank_of_both_runs_against_float64(tmp_path, cli, monkeypatch):
+    # The same rank 0 in both runs; rank 1 of B fed inputs ten times larger than A's.
+    run_a, stats_a = _two_ranks(tmp_path / "a", 1.0, monkeypatch)
+    run_b, stats_b = _two_ranks(tmp_path / "b", 10.0, monkeypatch)
+    lowest = cli("diff", run_a, run_b, "--plain", "--top", "0")
+    assert lowest == cli("diff", run_a, run_b, "--plain", "--top", "0", "--rank", 0)
+    status, out, err = lowest
+    assert (status, err) == (0, "")
+    assert field(out, "compared") == (
+        "step 2, phase train, rank 0 of A (2 ranks), rank 0 of B (2 ranks): "
+        "--rank N compares another"
+    )
+    assert {row[6] for row in rows_of(out, "layers")} == {"0%"}
+
+    status, out, err = cli("diff", run_a, run_b, "--plain", "--top", "0", "--rank", 1)
+    assert (status, err) == (0, "")
+    assert field(out, "compared").startswith(
+        "step 2, phase train, rank 1 of A (2 ranks), rank 1 of B (2 ranks)"
+    )
+    rows = {tuple(row[:4]): row[4:] for row in rows_of(out, "layers")}
+    for module in ("0", "2"):
+        for stat in ("absmax", "std"):
+            a, b, relative = rows[(module, "activation", "out", stat)]
+            expected_a, expected_b = stats_a[1][module][stat], stats_b[1][module][stat]
+            assert float(a) == pytest.approx(expected_a, rel=1e-3)
+            assert float(b) == pytest.approx(expected_b, rel=1e-3)
+            assert float(relative.rstrip("%")) / 100 == pytest.approx(
+                (expected_b - expected_a) / expected_a, rel=1e-2
+            )
+            assert expected_b > 2 * expected_a  # a difference rank 0 does not show
+
+
+def test_a_rank_either_run_lacks_is_refused_naming_the_run_and_its_ranks(
+    tmp_path, cli, monkeypatch
+):
+    job, _ = _two_ranks(tmp_path / "job", 1.0, monkeypatch)
+    single = train(tiny_model(), tmp_path / "single")
+    status, out, err = cli("diff", job, job, "--rank", 2)
+    assert (status, out) == (2, "")
+    assert err == f"layerscope diff: --rank 2: {job} has no such rank; its ranks: 0, 1\n"
+    status, out, err = cli("diff", job, single, "--rank", 1)
+    assert (status, out) == (2, "")
+    assert err == f"layerscope diff: --rank 1: {single} has no such rank; its ranks: 0\n"
+    status, out, _ = cli("diff", single, single, "--plain")
+    assert field(out, "compared") == "step 2, phase train, rank 0 of A, rank 0 of B"

@@ -11,6 +11,7 @@ Example::
     layerscope summary runs/exp1
     layerscope diff runs/exp1 runs/exp2 --plain
     layerscope runs runs
+    layerscope summary s3://bucket/runs/exp1 --storage-option anon=true
 """
 
 from __future__ import annotations
@@ -24,7 +25,17 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from layerscope import __version__
-from layerscope.cli import _demo, _diff, _export, _plot, _report, _runs, _serve, _summary
+from layerscope.cli import (
+    _demo,
+    _diff,
+    _export,
+    _plot,
+    _report,
+    _runs,
+    _serve,
+    _storage_options,
+    _summary,
+)
 from layerscope.cli._command import Subcommand
 from layerscope.cli._open import CommandError
 from layerscope.cli._visible import visible
@@ -38,10 +49,16 @@ EXIT_INTERRUPTED = 130
 COMMANDS: tuple[Subcommand, ...] = (_demo, _summary, _diff, _runs, _plot, _serve, _report, _export)
 # Commands that print no tables: ``--plain`` would change nothing.
 _NO_TABLES: tuple[Subcommand, ...] = (_serve,)
+# Commands that read no run through ``load`` or ``runs``: ``demo`` writes its own on this
+# machine, ``serve`` takes a local folder only (its dashboard takes no storage options).
+_NO_STORAGE: tuple[Subcommand, ...] = (_demo, _serve)
+# Options a command takes before its name too (``layerscope --plain summary RUN``): ``main``
+# moves them after it, where the command's parser reads them. Each with how many values follow.
+_GLOBAL_OPTIONS = {"--plain": 0, _storage_options.OPTION: 1}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of every subcommand in ``COMMANDS``, each with ``--plain``.
+    """The parser of every subcommand in ``COMMANDS``, with ``--plain`` and ``--storage-option``.
 
     Each subcommand's parser is its namespace's ``parser``: one that is given an argument it
     does not know says so with its own usage, not the top level's.
@@ -60,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="plain aligned text, also on a terminal (the default where output is not one)",
             )
+        if command not in _NO_STORAGE:
+            _storage_options.add_argument(subparser)
         subparser.set_defaults(handler=command.run, parser=subparser)
     return parser
 
@@ -72,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         optional package is missing (each with one line on stderr); 130 if interrupted.
     """
     parser = build_parser()
-    argv = _plain_after_command(list(sys.argv[1:] if argv is None else argv))
+    argv = _globals_after_command(list(sys.argv[1:] if argv is None else argv))
     unknown = _unknown_command(parser, argv)
     if unknown is not None:
         print(unknown, file=sys.stderr)
@@ -118,14 +137,28 @@ def _first_word(argv: list[str]) -> str | None:
     return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
-def _plain_after_command(argv: list[str]) -> list[str]:
-    """``layerscope --plain summary RUN`` as ``layerscope summary --plain RUN``."""
-    command = _first_word(argv)
-    if command is None or "--plain" not in argv or argv.index("--plain") > argv.index(command):
+def _globals_after_command(argv: list[str]) -> list[str]:
+    """``layerscope --plain summary RUN`` as ``layerscope summary --plain RUN``.
+
+    So with each of ``_GLOBAL_OPTIONS`` before the command, and its value
+    (``--storage-option anon=true``, not a command named ``anon=true``).
+    """
+    before: list[str] = []
+    moved: list[str] = []
+    at = 0
+    while at < len(argv) and argv[at].startswith("-") and argv[at] != "--":
+        name, equals, _ = argv[at].partition("=")
+        values = _GLOBAL_OPTIONS.get(name)
+        if values is None:
+            before.append(argv[at])  # --version, --help: the top level's own
+            at += 1
+            continue
+        taken = 1 + (0 if equals else values)
+        moved += argv[at : at + taken]
+        at += taken
+    if not moved or at >= len(argv) or argv[at] == "--":  # no command: argparse says so
         return argv
-    rest = [arg for arg in argv if arg != "--plain"]
-    at = rest.index(command) + 1
-    return [*rest[:at], "--plain", *rest[at:]]
+    return [*before, argv[at], *moved, *argv[at + 1 :]]
 
 
 def _unknown_command(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:

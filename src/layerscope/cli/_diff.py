@@ -11,6 +11,7 @@ from layerscope.cli._compare import Comparison, Difference, compare
 from layerscope.cli._console import Column, Table, open_output
 from layerscope.cli._layers import in_model_order, module_types, shown_name
 from layerscope.cli._open import CommandError, open_run
+from layerscope.cli._storage_options import storage_options
 
 if TYPE_CHECKING:
     from layerscope.cli._command import Subparsers
@@ -35,6 +36,9 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--phase", default="train", choices=PHASES, help="train (default) or eval")
     parser.add_argument("--step", type=int, help="compare this step, which both runs recorded")
     parser.add_argument(
+        "--rank", type=int, help="compare this rank of both runs (default: each run's lowest)"
+    )
+    parser.add_argument(
         "--kind", action="append", choices=_queries.KIND_NAMES, help="only this kind (repeatable)"
     )
     parser.add_argument(
@@ -45,8 +49,10 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Print the comparison of ``args.run_a`` and ``args.run_b``."""
-    run_a, run_b = open_run(args.run_a), open_run(args.run_b)
-    rank_a, rank_b = _queries.lowest_rank(run_a), _queries.lowest_rank(run_b)
+    options = storage_options(args)
+    run_a, run_b = open_run(args.run_a, options), open_run(args.run_b, options)
+    rank_a = _queries.checked_rank(run_a, args.rank, run_a.path)
+    rank_b = _queries.checked_rank(run_b, args.rank, run_b.path)
     step_a, step_b = _steps_compared(run_a, run_b, args.phase, (rank_a, rank_b), args.step)
     rows_a = _queries.rows_at_step(run_a, step_a, args.phase, rank_a)
     rows_b = _queries.rows_at_step(run_b, step_b, args.phase, rank_b)
@@ -67,12 +73,13 @@ def run(args: argparse.Namespace) -> int:
 
     output = open_output(args.plain)
     steps = f"step {step_a}" if step_a == step_b else f"step {step_a} of A, {step_b} of B"
+    ranks = _ranks_compared(run_a, run_b, rank_a, rank_b)
     output.fields(
         "diff",
         [
             ("A", _describe(run_a)),
             ("B", _describe(run_b)),
-            ("compared", f"{steps}, phase {args.phase}, rank {rank_a} of A, rank {rank_b} of B"),
+            ("compared", f"{steps}, phase {args.phase}, {ranks}"),
         ],
     )
     for warning in _warnings(comparison, retyped, types_a, types_b):
@@ -138,6 +145,17 @@ def _steps_compared(
     if common:
         return max(common), max(common)
     return steps_a[-1], steps_b[-1]
+
+
+def _ranks_compared(run_a: Run, run_b: Run, rank_a: int, rank_b: int) -> str:
+    """Which rank of each run is compared; of a job of several ranks, how many it has."""
+    wrote_a, wrote_b = len(run_a.meta.get("ranks") or ()), len(run_b.meta.get("ranks") or ())
+    each = [
+        f"rank {rank} of {label}" + (f" ({wrote} ranks)" if wrote > 1 else "")
+        for label, rank, wrote in (("A", rank_a, wrote_a), ("B", rank_b, wrote_b))
+    ]
+    hint = ": --rank N compares another" if max(wrote_a, wrote_b) > 1 else ""
+    return ", ".join(each) + hint
 
 
 def _describe(run: Run) -> str:

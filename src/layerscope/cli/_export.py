@@ -16,6 +16,7 @@ from layerscope.cli import _queries
 from layerscope.cli._arguments import RUN_METAVAR
 from layerscope.cli._console import open_output
 from layerscope.cli._open import CommandError, open_run
+from layerscope.cli._storage_options import storage_options
 from layerscope.cli._visible import visible
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     """Replay ``args.run`` into the chosen sink and say what was sent."""
     from layerscope.cli import _replay  # torch and the sinks: imported when a run is sent
 
-    recorded = open_run(args.run)
+    recorded = open_run(args.run, storage_options(args))
     _queries.checked_rank(recorded, args.rank)
     _check_stats(recorded, args.stats)
     sink, destination = _replay.chosen_sink(args)

@@ -6,6 +6,8 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from layerscope.store import Run
 
 # What the reader raises for a path that holds no readable run (a missing folder, a file, a
@@ -21,14 +23,15 @@ class CommandError(Exception):
     """A failure the command reports in one line on stderr, exiting with status 2."""
 
 
-def open_run(path: str) -> Run:
-    """``layerscope.load(path)``, or a CommandError saying in one line why there is no run."""
+def open_run(path: str, storage_options: Mapping[str, Any] | None = None) -> Run:
+    """``layerscope.load(path, storage_options=...)``, or a CommandError saying why no run."""
     from layerscope.store import load
 
     try:
-        return load(path)
+        return load(path, storage_options=storage_options)
     except _NOT_A_RUN as error:
-        held = _runs_inside(path) if isinstance(error, FileNotFoundError) else ""
+        missing = isinstance(error, FileNotFoundError)
+        held = _runs_inside(path, storage_options) if missing else ""
         if held:
             raise CommandError(
                 f"{path} is a folder of runs ({held}), not a run: `layerscope runs {path}` "
@@ -37,7 +40,7 @@ def open_run(path: str) -> Run:
         raise CommandError(_one_line(error, path)) from None
 
 
-def _runs_inside(path: str) -> str:
+def _runs_inside(path: str, storage_options: Mapping[str, Any] | None) -> str:
     """``"2 runs: a, b"`` where ``path`` is a folder of runs, else ``""``.
 
     The runs are those ``layerscope runs`` lists; a run's ranks' folders are not runs.
@@ -45,7 +48,8 @@ def _runs_inside(path: str) -> str:
     from layerscope.store import directory_rank, run_folders
 
     try:
-        names = sorted(name for name, _ in run_folders(path) if directory_rank(name) is None)
+        folders = run_folders(path, storage_options)
+        names = sorted(name for name, _ in folders if directory_rank(name) is None)
     except _NOT_A_RUN:
         return ""
     if not names:
@@ -54,12 +58,14 @@ def _runs_inside(path: str) -> str:
     return f"{len(names)} run{'s' if len(names) > 1 else ''}: {shown}"
 
 
-def list_run_rows(root: str) -> list[dict[str, Any]]:
-    """The rows of ``layerscope.runs(root)`` as dicts (times in seconds), without pandas."""
+def list_run_rows(
+    root: str, storage_options: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The rows of ``layerscope.runs(root, ...)`` as dicts (times in seconds), without pandas."""
     from layerscope.store import run_folders, run_row
 
     try:
-        folders = run_folders(root)
+        folders = run_folders(root, storage_options)
     except _NOT_A_RUN as error:
         raise CommandError(_one_line(error, root)) from None
     return [row for name, location in folders if (row := run_row(location, name)) is not None]

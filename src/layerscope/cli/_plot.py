@@ -13,6 +13,7 @@ from layerscope.cli._console import Column, Table, open_output
 from layerscope.cli._open import CommandError, open_run
 from layerscope.cli._progress import progress
 from layerscope.cli._queries import KIND_NAMES
+from layerscope.cli._storage_options import storage_options
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     low, high = DPI_RANGE
     if not low <= args.dpi <= high:
         raise CommandError(f"--dpi: expected {low} to {high} dots per inch, got {args.dpi}")
-    loaded = open_run(args.run)
+    loaded = open_run(args.run, storage_options(args))
     out = _out_folder(loaded, args.out)
     kinds = args.kind or [kind for kind in DEFAULT_KINDS if kind in _kinds(loaded)]
     present = _kinds(loaded)

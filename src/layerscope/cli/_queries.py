@@ -44,14 +44,17 @@ def lowest_rank(run: Run) -> int:
     return min(ranks, default=0)
 
 
-def checked_rank(run: Run, rank: int | None) -> int:
-    """``rank``, or the lowest rank where None; a CommandError for a rank the run lacks."""
+def checked_rank(run: Run, rank: int | None, named: str = "the run") -> int:
+    """``rank``, or the lowest rank where None; a CommandError for a rank the run lacks.
+
+    ``named``: the run as the error names it; a command of two runs says which lacks it.
+    """
     if rank is None:
         return lowest_rank(run)
     ranks = sorted(int(entry["rank"]) for entry in run.meta.get("ranks", ())) or [0]
     if rank not in ranks:
         wrote = ", ".join(map(str, ranks[:16])) + (" ..." if len(ranks) > 16 else "")
-        raise CommandError(f"--rank {rank}: the run has no such rank; its ranks: {wrote}")
+        raise CommandError(f"--rank {rank}: {named} has no such rank; its ranks: {wrote}")
     return rank
 
 

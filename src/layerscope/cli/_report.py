@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from layerscope.cli._arguments import RUN_METAVAR, new_file
 from layerscope.cli._open import CommandError, open_run
 from layerscope.cli._progress import progress
+from layerscope.cli._storage_options import storage_options
 from layerscope.cli._visible import visible
 
 if TYPE_CHECKING:
@@ -46,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
     """Write the report and say where it is."""
     from layerscope.ui import report_html  # plotly: the ui extra, imported now
 
-    run_ = open_run(args.path)
-    other = None if args.compare is None else open_run(args.compare)
+    options = storage_options(args)
+    run_ = open_run(args.path, options)
+    other = None if args.compare is None else open_run(args.compare, options)
     with progress("making the report's charts") as advance:
         encoded = report_html(run_, compare=other, answered=advance).encode("utf-8")
     _write(args.output, encoded)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from layerscope.cli import _format
 from layerscope.cli._console import Column, Table, open_output
 from layerscope.cli._open import list_run_rows
+from layerscope.cli._storage_options import storage_options
 
 if TYPE_CHECKING:
     from layerscope.cli._command import Subparsers
@@ -45,7 +46,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Print the runs under ``args.dir``."""
-    records = list_run_rows(args.dir)
+    options = storage_options(args)
+    records = list_run_rows(args.dir, options)
     output = open_output(args.plain)
     if not records:
         output.line(f"no runs under {args.dir}")
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                 _count(record["steps"]),
                 _count(record["ranks"]),
                 _time(record["started"]),
-                _alert_count(record),
+                _alert_count(record, options),
             ]
         table.add(
             cells + ([record["path"]] if renamed else []), STATUS_STYLES.get(record["status"])
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _alert_count(record: dict[str, Any]) -> str:
+def _alert_count(record: dict[str, Any], options: dict[str, Any]) -> str:
     """How many alerts the run has, as its ``run.json`` counts them.
 
     A run from before ``run.json`` counted them has its alerts table read, a few small files;
@@ -96,7 +98,7 @@ def _alert_count(record: dict[str, Any]) -> str:
     from layerscope.store import load
 
     try:
-        return str(len(load(record["path"]).alerts))
+        return str(len(load(record["path"], storage_options=options).alerts))
     except Exception:  # removed or damaged since it was listed: one run's, not the listing's
         return _format.MISSING
 

@@ -17,6 +17,7 @@ from layerscope.cli._layers import module_types
 from layerscope.cli._open import open_run
 from layerscope.cli._rank_spread import rank_spread, spread_table
 from layerscope.cli._root_cause import root_cause_fields
+from layerscope.cli._storage_options import storage_options
 from layerscope.model import quote_identifier
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Print the summary of ``args.run``."""
-    opened = open_run(args.run)
+    opened = open_run(args.run, storage_options(args))
     args.rank = _queries.checked_rank(opened, args.rank)
     output = open_output(args.plain)
     output.fields("run", run_fields(opened) + reach_fields(opened))
