@@ -9,6 +9,21 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(scope="module")
+def s3():
+    """An S3 server (moto's) on this machine for the module's tests; see object_store_server."""
+    from tests.store.object_store_server import s3_server
+
+    with s3_server() as server:
+        yield server
+
+
+@pytest.fixture
+def bucket(s3):
+    """A new, empty bucket of the module's S3 server."""
+    return s3.new_bucket()
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     torch.manual_seed(0)

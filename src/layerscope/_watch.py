@@ -123,14 +123,14 @@ def watch(
             ``scope.tensors`` read them back. Needs ``layerscope[capture]``.
         on_tensor: ``fn(record, directory)`` called in worker processes on each tensor that
             ``tensors=`` keeps (a CPU copy), at its ``every`` and ``every_seconds``:
-            ``directory`` is this rank's place in the run (None for a run in memory), where
-            results go; ``layerscope.tensors.HeatMap()`` and the other renderers are such
-            callbacks, and ``layerscope.tensors.Video()`` films each tensor into an MP4 or
-            GIF as the run trains. It must be picklable (a module-level function, a class
-            instance, a ``functools.partial``); its ``close()``, if it has one, is called in
-            the worker as the run closes. When the workers are busy a tensor is dropped and
-            counted, so training never waits for them; a callback that raises is reported
-            once and its worker restarted.
+            ``directory`` is this rank's place in the run (None for a run in memory or on an
+            object store), where results go; ``layerscope.tensors.HeatMap()`` and the other
+            renderers are such callbacks, and ``layerscope.tensors.Video()`` films each tensor
+            into an MP4 or GIF as the run trains. It must be picklable (a module-level
+            function, a class instance, a ``functools.partial``); its ``close()``, if it has
+            one, is called in the worker as the run closes. When the workers are busy a
+            tensor is dropped and counted, so training never waits for them; a callback that
+            raises is reported once and its worker restarted.
         workers: how many worker processes run ``on_tensor`` (default 1).
         noise_scale: estimate the gradient noise scale ``B_simple`` of each recorded step
             that accumulates gradients over micro-batches (two backward passes or more),

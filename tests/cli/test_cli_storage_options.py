@@ -11,7 +11,6 @@ import re
 
 import pytest
 from cli_runs import field, normalised, rows_of, tiny_model, train
-from tests.store.object_store_server import s3_server
 
 import layerscope
 from layerscope.cli import build_parser
@@ -23,12 +22,6 @@ pytest.importorskip("pyarrow")
 
 # The commands that read runs through load or runs; demo writes its own, serve a local folder.
 READERS = ("summary", "diff", "runs", "plot", "report", "export")
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with s3_server() as server:
-        yield server
 
 
 @pytest.fixture

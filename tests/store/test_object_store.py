@@ -13,7 +13,6 @@ import warnings
 import pandas as pd
 import pytest
 import torch
-from object_store_server import s3_server
 from torch import nn
 
 import layerscope
@@ -24,17 +23,6 @@ pytest.importorskip("duckdb")
 
 STEPS = 3
 NAN_STEP = 1  # a NaN in the input: a nonfinite alert, so the run has alerts too
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with s3_server() as server:
-        yield server
-
-
-@pytest.fixture
-def bucket(s3):
-    return s3.new_bucket()
 
 
 def _store(s3, url, **kwargs):

@@ -30,6 +30,7 @@ from layerscope.tensors import (
 if TYPE_CHECKING:
     from layerscope.store import ParquetStore
     from layerscope.tensors import TensorWorkers
+    from layerscope.tensors._part_folder import PartFolder
 
 # What may wait for the workers: enough for the seconds a spawned worker takes to start,
 # bounded in bytes for big tensors.
@@ -61,6 +62,7 @@ class WholeTensors:
         self._place = place
         self._fs: Any = None
         self._root = ""
+        self._parts: PartFolder | None = None  # made at the first part: the rank is known then
         if store is not None:
             from layerscope.store.locations import location_filesystem
 
@@ -133,12 +135,12 @@ class WholeTensors:
         if self.workers is not None:
             self.workers.close(10.0 if timeout is None else timeout)
 
-    def _write(self, name: str, payload: bytes) -> None:
-        from layerscope.store import write_bytes
+    def _write(self, batch: int, payload: bytes) -> None:
+        if self._parts is None:
+            from layerscope.tensors._part_folder import PartFolder
 
-        path = f"{self._rank_place()}/{name}"
-        self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        write_bytes(self._fs, path, payload)
+            self._parts = PartFolder(self._fs, f"{self._rank_place()}/{DIRECTORY}")
+        self._parts.write(batch, payload)
 
     def _rank_place(self) -> str:
         from layerscope.store import rank_directory

@@ -55,10 +55,12 @@ def upload_whole(fs: Any, path: str, write: Callable[[Any], object]) -> None:
     file = fs.open(path, "wb", autocommit=True)
     try:
         write(file)
+        # The PUT, or the multipart upload's last part and completion: the object appears now.
+        # One that fails there leaves a begun upload, which fsspec's close does not abort.
+        file.close()
     except BaseException:
         abandon(file)
         raise
-    file.close()  # the PUT, or the multipart upload's completion: the object appears now
 
 
 def abandon(file: Any) -> None:

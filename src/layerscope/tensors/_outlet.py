@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from layerscope._errors import FailureCounter, LayerscopeWarning
-from layerscope.tensors._parts import DIRECTORY, part_bytes, part_name
+from layerscope.tensors._parts import part_bytes
 from layerscope.tensors._records import Record
 
 QUEUE_SIZE = 8  # steps' batches waiting; whole tensors are big, so few
@@ -59,8 +59,8 @@ class TensorOutlet:
     """The thread that writes, keeps and hands out whole tensors, one batch at a time.
 
     Args:
-        write: ``write(name, payload)`` stores a part file in the run, or None for a run in
-            memory, whose records this outlet keeps.
+        write: ``write(batch, payload)`` stores the part file of the ``batch``-th batch (from
+            1) in the run, or None for a run in memory, whose records this outlet keeps.
         keep: False hands tensors to ``offer`` only, neither writing nor keeping them.
         offer: ``offer(record)`` gives a record to the workers (never blocks), or None.
         failures: the scope's counter: a failure here is counted, never raised.
@@ -68,7 +68,7 @@ class TensorOutlet:
 
     def __init__(
         self,
-        write: Callable[[str, bytes], None] | None,
+        write: Callable[[int, bytes], None] | None,
         keep: bool,
         offer: Callable[[Record], object] | None,
         failures: FailureCounter,
@@ -159,7 +159,7 @@ class TensorOutlet:
             batch.ready.synchronize()  # this thread waits for the copy, not training
         self._batches += 1
         if self._keep and self._write is not None:
-            self._write(f"{DIRECTORY}/{part_name(self._batches)}", part_bytes(batch.records))
+            self._write(self._batches, part_bytes(batch.records))
         elif self._keep:
             with self._lock:
                 self._kept.extend(batch.records)

@@ -7,7 +7,9 @@ leaves every part it finished readable. Nothing is pickled.
 
 Parts are read as input from anywhere: one that is damaged (truncated, garbage, records its
 header does not describe, not a regular file) is left out with a warning naming it and why,
-as a run's damaged segments are, and the other parts are read.
+as a run's damaged segments are, and the other parts are read. On an object store, where every
+question is a request, the one listing says what each entry is and a part is one GET (see
+``store._objects``); a prefix with nothing under it holds no parts.
 """
 
 from __future__ import annotations
@@ -44,6 +46,17 @@ def part_name(number: int) -> str:
     return f"part-{number:06d}.safetensors"
 
 
+def part_number(name: str) -> int | None:
+    """The number of the part named ``name``, or None for a name that is not a part's.
+
+    Examples:
+        >>> part_number("part-000012.safetensors"), part_number("index.json")
+        (12, None)
+    """
+    match = _PART.match(name)
+    return None if match is None else int(match.group(1))
+
+
 def part_bytes(records: Sequence[Record]) -> bytes:
     """One part's file: the records' values (CPU, compact), their metadata in the header."""
     safetensors_torch = require("safetensors.torch", "capture")
@@ -76,19 +89,18 @@ def read_parts(
     """
     safetensors_torch = require("safetensors.torch", "capture")
     try:
-        names = [path.rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(directory, detail=False)]
+        kinds = _entry_kinds(fs, directory)
     except FileNotFoundError:
         return []
     except OSError as error:  # a folder this user may not read, say
         _skip(directory, f"{type(error).__name__}: {error.strerror or error}", skipped)
         return []
-    numbered = [(int(match.group(1)), name) for name in names if (match := _PART.match(name))]
-    parts = [name for _, name in sorted(numbered)]
+    numbered = [(number, name) for name in kinds if (number := part_number(name)) is not None]
     records = []
-    for name in parts:
+    for _, name in sorted(numbered):
         path = f"{directory}/{name}"
         try:
-            records.extend(_part_records(fs, path, safetensors_torch, device))
+            records.extend(_part_records(fs, path, kinds[name], safetensors_torch, device))
         except _PartError as error:
             _skip(path, str(error), skipped)
     return records
@@ -100,7 +112,24 @@ def is_parts_directory(fs: Any, directory: str) -> bool:
         names = fs.ls(directory, detail=False)
     except FileNotFoundError:
         return False
-    return any(_PART.match(str(name).rstrip("/").rsplit("/", 1)[-1]) for name in names)
+    return any(part_number(_name(str(path))) is not None for path in names)
+
+
+def _entry_kinds(fs: Any, directory: str) -> dict[str, str | None]:
+    """Each name in ``directory``, and what it is where the listing says so at no cost.
+
+    On a disk the kind is asked of each part as it is read (None here); on an object store
+    the listing's detail gives it, so that nothing else is asked of the store.
+    """
+    from layerscope.store._objects import is_object_store
+
+    if not is_object_store(fs):
+        return dict.fromkeys(_name(path) for path in fs.ls(directory, detail=False))
+    return {_name(entry["name"]): entry.get("type") for entry in fs.ls(directory, detail=True)}
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _skip(path: str, reason: str, skipped: dict[str, str] | None) -> None:
@@ -113,21 +142,23 @@ def _skip(path: str, reason: str, skipped: dict[str, str] | None) -> None:
         skipped[path] = reason
 
 
-def _part_records(fs: Any, path: str, safetensors_torch: Any, device: str) -> list[Record]:
-    """The records of the part at ``path``.
+def _part_records(
+    fs: Any, path: str, kind: str | None, safetensors_torch: Any, device: str
+) -> list[Record]:
+    """The records of the part at ``path``; ``kind`` is what the listing said it is, or None.
 
     Raises:
         _PartError: it cannot be read, or is not a part as ``part_bytes`` writes one.
     """
     safetensors = require("safetensors", "capture")
     try:
-        kind = fs.info(path).get("type")
+        if kind is None:
+            kind = fs.info(path).get("type")
         if kind != "file":  # a FIFO would block the reader, a device never end
             raise _PartError(
                 "a folder, not a file" if kind == "directory" else "not a regular file"
             )
-        with fs.open(path, "rb") as file:
-            payload = file.read()
+        payload = _payload(fs, path)
     except OSError as error:  # vanished, or this user may not read it
         raise _PartError(f"{type(error).__name__}: {error.strerror or error}") from None
     try:
@@ -143,6 +174,18 @@ def _part_records(fs: Any, path: str, safetensors_torch: Any, device: str) -> li
     if not isinstance(entries, list):
         raise _PartError("its records' description is not a list")
     return [_record(entry, number, values, device) for number, entry in enumerate(entries)]
+
+
+def _payload(fs: Any, path: str) -> bytes:
+    """The bytes of the file at ``path``: on an object store one GET, with no HEAD first."""
+    from layerscope.store._objects import is_object_store
+
+    if is_object_store(fs):
+        payload: bytes = fs.cat_file(path)
+        return payload
+    with fs.open(path, "rb") as file:
+        payload = file.read()
+    return payload
 
 
 def _record(entry: Any, number: int, values: dict[str, Tensor], device: str) -> Record:

@@ -69,8 +69,9 @@ class _Renderer:
         if directory is None:
             raise ValueError(
                 f"directory: {type(self).__name__} as an on_tensor callback writes PNG files "
-                f"into the run directory, and this run has none (it is in memory): give watch "
-                f"a run= directory, or draw with {type(self).__name__}().figure(record)"
+                f"into the run directory, and this run has none (it is in memory, or on an "
+                f"object store): give watch a run= directory on this machine's disk, or draw "
+                f"with {type(self).__name__}().figure(record)"
             )
         path = render_path(directory, self.what, record)
         fig = self.figure(record)

@@ -95,7 +95,8 @@ class Video:
         if directory is None:
             raise ValueError(
                 "directory: Video writes its files into the run directory, and this run has "
-                "none (it is in memory): give watch a run= directory"
+                "none (it is in memory, or on an object store): give watch a run= directory "
+                "on this machine's disk"
             )
         key = (record.module, record.kind, record.tensor, record.phase)
         if key in self._undrawable:
