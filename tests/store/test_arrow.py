@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from layerscope.store._arrow import _trimmed_histogram, widen_histograms
+from layerscope.store._arrow import _trimmed_histogram, widened_histograms
 
 
 def _dense(rng: np.random.Generator, rows: int, slots: int) -> np.ndarray:
@@ -36,12 +36,12 @@ def test_trimmed_histograms_widen_to_the_recorded_counts():
         if valid[row] and counts[row].any():
             assert window[0] != 0
             assert window[-1] != 0
-    widen_histograms(frame, 256)
+    widened = widened_histograms(lo, hist, 256)
     for row in range(400):
         if valid[row]:
-            np.testing.assert_array_equal(frame["hist"][row], counts[row].astype(np.int64))
+            np.testing.assert_array_equal(widened[row], counts[row].astype(np.int64))
         else:
-            assert frame["hist"][row] is None
+            assert widened[row] is None
 
 
 def test_no_rows_and_no_counts_trim_to_nothing():

@@ -131,3 +131,97 @@ def test_the_formats_counts_add_up_and_their_scales_fit_the_merged_absmax(two_ra
         k = row["e4m3_scale_exp"]
         assert magnitude.max() * 2.0**k <= largest < magnitude.max() * 2.0 ** (k + 1)
     assert flushed > 0  # one of the ranks' values is below 2**-9
+
+
+def test_merged_rows_come_in_the_order_the_lowest_rank_wrote_its_own(two_ranks):
+    each = layerscope.load(two_ranks).stats
+    merged = layerscope.load(two_ranks, ranks="merge").stats
+    keys = ["step", "phase", "module", "kind", "tensor", "call"]
+    rank0 = each[each["rank"] == 0][keys].reset_index(drop=True)
+    assert merged[keys].equals(rank0)
+
+
+def test_the_view_merged_stats_holds_the_rows_of_both_ranks_data(two_ranks):
+    run = layerscope.load(two_ranks)  # ranks="each": the view is there whatever was asked
+    rows = run.sql(
+        "select step, l2, std, numel, square from merged_stats "
+        "where module = ? and kind = 'activation' order by step",
+        ["1"],
+    )
+    assert list(rows["step"]) == [0, 1]
+    net = model()
+    for step in range(2):
+        batch = torch.cat([inputs(0)[step], inputs(1)[step]])
+        with torch.no_grad():
+            expected = reference(net(batch))
+        row = rows.iloc[step]
+        for stat in ("l2", "std", "numel", "square"):
+            assert row[stat] == pytest.approx(expected[stat], rel=1e-6), stat
+    # Replicated weights are the lowest rank's, not summed over ranks.
+    weights = run.sql("select numel from merged_stats where kind = 'weight' and tensor = 'weight'")
+    assert list(weights["numel"]) == [35, 35]
+
+
+class Shifted(nn.Module):
+    """Its output is its input: the values a test chooses, recorded as an activation."""
+
+    def forward(self, x):
+        return x * 1.0
+
+
+def _write_ranks(path, batches, stats=None, kinds=("activation",)):
+    """A run written by ``len(batches)`` ranks in turn, rank r seeing ``batches[r]``."""
+    with pytest.MonkeyPatch.context() as patch:
+        for rank, batch in enumerate(batches):
+            patch.setenv("RANK", str(rank))
+            patch.setenv("WORLD_SIZE", str(len(batches)))
+            net = nn.Sequential(Shifted())
+            options = {} if stats is None else {"stats": stats}
+            with layerscope.watch(
+                net, run=path, every=1, kinds=kinds, alerts=False, **options
+            ) as s:
+                net(batch)
+                s.step()
+
+
+def test_a_small_spread_about_a_large_mean_keeps_its_digits(tmp_path):
+    # Summed squares about zero would lose the spread to the mean's square: 1e12 times larger.
+    generator = torch.Generator().manual_seed(3)
+    batches = [1e6 + torch.randn(64, generator=generator) * 1e-1 + rank for rank in range(3)]
+    _write_ranks(tmp_path / "run", batches)
+    (row,) = layerscope.load(tmp_path / "run", ranks="merge").stats.to_dict("records")
+    values = torch.cat(batches).double().numpy()
+    assert row["mean"] == pytest.approx(values.mean(), rel=1e-15)
+    assert row["std"] == pytest.approx(values.std(ddof=1), rel=1e-9)
+
+
+def test_non_finite_elements_are_counted_and_left_out_of_mean_and_std(tmp_path):
+    generator = torch.Generator().manual_seed(4)
+    batches = [torch.randn(20, generator=generator) for _ in range(3)]
+    batches[1][3] = float("nan")
+    batches[1][5] = float("inf")
+    batches[2][:] = float("nan")  # a rank with no finite element at all
+    _write_ranks(tmp_path / "run", batches)
+    (row,) = layerscope.load(tmp_path / "run", ranks="merge").stats.to_dict("records")
+    values = torch.cat(batches).double().numpy()
+    finite = values[np.isfinite(values)]
+    assert row["nan_count"] == 21
+    assert row["inf_count"] == 1
+    assert row["numel"] == 60
+    assert row["mean"] == pytest.approx(finite.mean(), rel=1e-12)
+    assert row["std"] == pytest.approx(finite.std(ddof=1), rel=1e-12)
+    assert row["min"] == pytest.approx(finite.min())
+    assert row["max"] == pytest.approx(finite.max())
+
+
+def test_a_custom_statistic_of_several_values_merges_value_by_value(tmp_path):
+    generator = torch.Generator().manual_seed(5)
+    batches = [torch.randn(8 + 4 * rank, generator=generator) for rank in range(2)]
+    stats = [
+        "mean",
+        {"moments": lambda t: torch.stack([t.double().mean(), t.double().pow(2).mean()])},
+    ]
+    _write_ranks(tmp_path / "run", batches, stats=stats)
+    (row,) = layerscope.load(tmp_path / "run", ranks="merge").stats.to_dict("records")
+    values = torch.cat(batches).double().numpy()
+    np.testing.assert_allclose(row["moments"], [values.mean(), (values**2).mean()], rtol=1e-12)

@@ -19,6 +19,7 @@ from layerscope._errors import FailureCounter
 from layerscope.distributed import ProcessRank
 from layerscope.tensors import (
     DIRECTORY,
+    PartFolder,
     Record,
     RunTensors,
     SavedCapture,
@@ -30,7 +31,6 @@ from layerscope.tensors import (
 if TYPE_CHECKING:
     from layerscope.store import ParquetStore
     from layerscope.tensors import TensorWorkers
-    from layerscope.tensors._part_folder import PartFolder
 
 # What may wait for the workers: enough for the seconds a spawned worker takes to start,
 # bounded in bytes for big tensors.
@@ -137,8 +137,6 @@ class WholeTensors:
 
     def _write(self, batch: int, payload: bytes) -> None:
         if self._parts is None:
-            from layerscope.tensors._part_folder import PartFolder
-
             self._parts = PartFolder(self._fs, f"{self._rank_place()}/{DIRECTORY}")
         self._parts.write(batch, payload)
 

@@ -12,6 +12,7 @@ from layerscope._lazy import lazy_names
 from layerscope.store._calls import expand_orders
 from layerscope.store._damage import RunFileError, warn_damaged
 from layerscope.store._files import write_bytes
+from layerscope.store._frame_limit import MAX_FRAME_ROWS, FrameTooLargeError
 from layerscope.store._free_runs import first_free_run
 from layerscope.store._layout import RUN_FILE, directory_rank, rank_directory
 from layerscope.store._listing import MISSING, UNREADABLE, holds_run, run_folders, run_row, runs
@@ -50,10 +51,12 @@ __getattr__ = lazy_names(
 )
 
 __all__ = [
+    "MAX_FRAME_ROWS",
     "MISSING",
     "PRECISION_COLUMNS",
     "RUN_FILE",
     "UNREADABLE",
+    "FrameTooLargeError",
     "Parameters",
     "ParquetStore",
     "Run",

@@ -8,29 +8,38 @@ The ranks of a distributed job write a directory each inside the run (see ``_lay
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from layerscope.model import KEY_COLUMNS, META_COLUMNS, ModuleInfo, run_table
+from layerscope.model import ModuleInfo, run_table
 from layerscope.store._damage import RunFileError, warn_damaged
 from layerscope.store._file_checks import check_modules, check_run_meta, parse_json
+from layerscope.store._frame_limit import (
+    MAX_FRAME_ROWS,
+    check_frame_rows,
+    limit_frame,
+    merged_within,
+)
 from layerscope.store._layout import (
     MODULES_FILE,
     RUN_FILE,
     SEGMENTED_TABLES,
     directory_rank,
 )
+from layerscope.store._merged_sql import merging_inputs
 from layerscope.store._objects import is_object_store
 from layerscope.store._regular_files import read_bounded
 from layerscope.store._run_sql import RunSql
 from layerscope.store._segment_checks import SegmentChecks
+from layerscope.store._stats_frame import stats_frame
 from layerscope.store._status import combine_metas
 from layerscope.store._table_files import table_files
-from layerscope.store._tables import empty_table, read_pieces, table_frame
+from layerscope.store._tables import empty_table, plain_table, read_pieces
 from layerscope.store._temporaries import clear_ended_places
-from layerscope.store.locations import location_filesystem
+from layerscope.store.locations import location_filesystem, run_path
 
 if TYPE_CHECKING:
     import pandas
@@ -67,7 +76,7 @@ class Run:
 
     ``Run(path, within=folder)`` (what the dashboard opens) reads no file whose real
     location, links followed, is outside ``folder``: such files are left out as damaged.
-    ``storage_options`` go to the filesystem of a URL (see ``load``).
+    ``storage_options`` go to the filesystem of a URL; ``max_frame_rows``: see ``load``.
 
     Raises:
         RunFileError: the run's ``run.json`` is damaged or holds a field of the wrong type.
@@ -80,17 +89,13 @@ class Run:
         *,
         within: str | os.PathLike[str] | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        max_frame_rows: int | None = MAX_FRAME_ROWS,
     ) -> None:
         if ranks not in RANKS:
             raise ValueError(f"ranks: expected one of {RANKS}, got {ranks!r}")
         self.ranks = ranks
-        if not isinstance(path, str | os.PathLike):
-            raise TypeError(
-                f"path: expected the path or URL of a run directory, got {type(path).__name__}"
-            )
-        self.path = os.fspath(path)
-        if not self.path:
-            raise ValueError("path: expected the path or URL of a run directory, got ''")
+        self.max_frame_rows = check_frame_rows(max_frame_rows)
+        self.path = run_path(path)
         # A path, never a pattern or a chain.
         self._fs, root = location_filesystem(self.path, storage_options=storage_options)
         self._root = root.rstrip("/") or root
@@ -117,7 +122,9 @@ class Run:
         )
         self._rankless: set[str] = set()  # files written before tables had a rank column
         self._query_places = threading.local()  # the places a listing of every table uses
-        self._sql = RunSql(self._fs, self._listing, self._empty, self._reject, self._rankless)
+        self._sql = RunSql(
+            self._fs, self._listing, self._empty, self._reject, self._rankless, self._merging
+        )
 
     def __repr__(self) -> str:
         return f"<Run {self.meta.get('name')!r} {self.meta['status']}, {self.path}>"
@@ -206,36 +213,15 @@ class Run:
         Every column of the run's configuration is there, also where no row has a value.
         Loaded with ``ranks="merge"``, the ranks' rows are merged into one row per step,
         phase, module, kind, tensor and call (with ``rank`` 0), as ``watch(ranks="merge")``
-        would have written them.
+        would have written them: the rows of ``run.sql``'s view ``merged_stats``, which DuckDB
+        merges from the files.
+
+        Raises:
+            FrameTooLargeError: the run holds more rows than ``max_frame_rows``; query the
+                rows wanted with ``run.sql`` instead.
         """
-        from layerscope.store._arrow import widen_histograms
-
-        frame = self._frame("stats")
-        frame["shape"] = [None if shape is None else tuple(shape) for shape in frame["shape"]]
-        # None for a whole tensor, as in memory; a string column would show NaN.
-        frame["shard"] = frame["shard"].astype(object).where(frame["shard"].notna(), None)
-        edges = self.meta.get("histogram_edges")
-        if edges:
-            widen_histograms(frame, len(edges))
-        config = self.meta.get("config", {})
-        order = [
-            *KEY_COLUMNS,
-            *META_COLUMNS,
-            *config.get("stats", ()),
-            *config.get("custom_stats", ()),
-        ]
-        known = [name for name in order if name in frame]
-        frame = frame[known + [name for name in frame if name not in known]]
-        if self.ranks == "merge":
-            from layerscope.store._rank_rows import merge_rank_rows
-
-            shapes = {
-                (info.name, name): shape
-                for info in self.modules
-                for name, shape in info.parameters.items()
-            }
-            frame = merge_rank_rows(frame, shapes, tuple(config.get("custom_stats", ())))
-        return frame
+        merged = self.ranks == "merge" and len(self.meta["ranks"]) > 1
+        return stats_frame(self._merged_table() if merged else self._table("stats"), self.meta)
 
     @property
     def scalars(self) -> pandas.DataFrame:
@@ -311,13 +297,37 @@ class Run:
     # ------------------------------------------------------------------ files
 
     def _frame(self, table: str) -> pandas.DataFrame:
-        what = f"{self.path}: {table}"
-        pieces = read_pieces(self._fs, lambda: self._readable(table), what, self._reject)
-        if table == "calls":
+        frame: pandas.DataFrame = self._table(table).to_pandas()
+        return frame
+
+    def _table(self, table: str) -> Any:
+        """The table's rows as one Arrow table, once it is clear that they fit in a DataFrame."""
+        listed = self._readable(table)  # counted, then read
+        limit_frame(table, self._segments.rows(listed), self.max_frame_rows)
+        readable = functools.partial(self._readable, table)
+        pieces = read_pieces(self._fs, readable, f"{self.path}: {table}", self._reject, listed)
+        if table == "calls":  # stored once where repeated: counted again as handed over
             from layerscope.store._calls import expand_orders
 
             pieces = [expand_orders(piece) for piece in pieces]
-        return table_frame(pieces, self._empty(table))
+            limit_frame(table, sum(piece.num_rows for piece in pieces), self.max_frame_rows)
+        return plain_table(pieces, self._empty(table))
+
+    def _merged_table(self) -> Any:
+        """The rows of ``merged_stats``, once it is clear that they fit in one DataFrame."""
+        stored = self._segments.rows(self._readable("stats"))
+        if stored == 0:
+            return plain_table([], self._empty("stats"))
+        ranks = len(self.meta["ranks"])
+        return merged_within(stored, ranks, self.max_frame_rows, self._sql.merged)
+
+    def _merging(self) -> tuple[tuple[str, ...], list[tuple[str, str, list[int]]]]:
+        """What ``merged_stats`` needs besides the rows: custom statistics, whole shapes."""
+        try:
+            modules = self.modules
+        except (FileNotFoundError, RunFileError):  # no tree to read: shards keep their shape
+            modules = []
+        return merging_inputs(self.meta, modules)
 
     def _listing(self) -> dict[str, list[str]]:
         """Each table's files to read now."""
@@ -353,6 +363,7 @@ def load(
     ranks: str = "each",
     *,
     storage_options: Mapping[str, Any] | None = None,
+    max_frame_rows: int | None = MAX_FRAME_ROWS,
 ) -> Run:
     """Open a run written by ``layerscope.watch(model, run=path)``, finished or not.
 
@@ -364,9 +375,14 @@ def load(
         ranks: ``"each"`` shows every rank's rows; ``"merge"`` merges them in ``run.stats``
             into whole-job rows (activations and gradients of all ranks' data, sharded
             parameters whole), exactly as ``watch(ranks="merge")`` merges while training.
-            ``run.sql`` reads the rows as stored either way.
+            ``run.sql`` reads the rows as stored either way, and has them merged in the view
+            ``merged_stats``.
         storage_options: options of a URL's filesystem, as fsspec takes them (for s3fs:
             ``key``, ``secret``, ``client_kwargs={"endpoint_url": ...}``).
+        max_frame_rows: the most rows a table (``run.stats``, ...) hands over as one
+            DataFrame; a table holding more raises ``FrameTooLargeError``, saying how many
+            rows it holds (a stats row takes about 3.5 KB in pandas). ``None``: no limit.
+            ``run.sql`` answers whatever the run's size.
 
     Returns:
         A ``Run``; its tables are read from disk at each access, so a run still being
@@ -376,7 +392,7 @@ def load(
         TypeError: ``path`` is not a path or URL, or ``storage_options`` not a dict.
         NotADirectoryError: ``path`` is a file.
         FileNotFoundError: no run is there.
-        ValueError: a newer layerscope wrote the run, or ``ranks`` is not ``"each"`` or
-            ``"merge"``.
+        ValueError: a newer layerscope wrote the run, ``ranks`` is not ``"each"`` or
+            ``"merge"``, or ``max_frame_rows`` not a positive int.
     """
-    return Run(path, ranks, storage_options=storage_options)
+    return Run(path, ranks, storage_options=storage_options, max_frame_rows=max_frame_rows)

@@ -151,6 +151,10 @@ class SegmentChecks:
             listing.skipped.append((directory, f"{held} {rows} rows {lost}"))
         return listing
 
+    def rows(self, paths: list[str]) -> int:
+        """How many rows the footers of ``paths``, files listed to read, say they hold."""
+        return sum(self._verdicts[path].rows for path in paths if path in self._verdicts)
+
     def reject(self, path: str, reason: str) -> None:
         """Leave ``path`` out from now on, for ``reason``: its pages could not be read."""
         self._verdicts.setdefault(path, _Verdict(reason)).reason = reason

@@ -82,7 +82,12 @@ def _close_databases() -> None:
 
 
 def create_view(
-    connection: Any, table: str, urls: list[str], rankless: int, declared: Any = None
+    connection: Any,
+    table: str,
+    urls: list[str],
+    rankless: int,
+    declared: Any = None,
+    row_numbers: bool = False,
 ) -> None:
     """Make ``table`` a view over the Parquet files at ``urls``, their columns united by name.
 
@@ -95,9 +100,11 @@ def create_view(
             their rows are rank 0's.
         declared: an empty Arrow table of the columns the run declares for ``table``: each
             one no file has is in the view too, NULL (see ``declare_columns``).
+        row_numbers: the view also has ``file_row_number``, each row's place in its file.
     """
     listing = ", ".join("'" + url.replace("'", "''") + "'" for url in urls)
-    source = f"read_parquet([{listing}], union_by_name = true)"
+    numbered = ", file_row_number = true" if row_numbers else ""
+    source = f"read_parquet([{listing}], union_by_name = true{numbered})"
     columns = "*"
     if rankless == len(urls):
         columns = "*, 0::integer as rank"
@@ -160,6 +167,10 @@ def duckdb_url(fs: Any, path: str) -> str:
     return path if protocol in ("file", "local") else f"{protocol}://{path.lstrip('/')}"
 
 
+#: The view of ``stats`` with each row's place in its file, the order it was written in.
+WRITTEN_STATS = "stats_as_written"
+
+
 class Views:
     """A view per table over the files listed now, in one run's database, shared by its cursors."""
 
@@ -169,7 +180,11 @@ class Views:
         self._signature: tuple[int, tuple[tuple[str, ...], ...]] | None = None
 
     def refresh(
-        self, listing: dict[str, list[str]], rankless: set[str], declared: Callable[[str], Any]
+        self,
+        listing: dict[str, list[str]],
+        rankless: set[str],
+        declared: Callable[[str], Any],
+        derived: Callable[[Any, list[str]], None] = lambda connection, empty: None,
     ) -> list[str]:
         """Make the views over ``listing`` (table -> paths) unless they are that already.
 
@@ -177,6 +192,8 @@ class Views:
             listing: each table's files to read now.
             rankless: the files written before tables had a ``rank`` column.
             declared: an empty Arrow table of a table's declared columns: its view has each.
+            derived: makes the views made of the tables' views (given a cursor and the
+                tables without files), once these are made.
 
         Returns:
             The tables that have no file.
@@ -194,8 +211,15 @@ class Views:
                                 create_calls_view(connection, urls, count, declared(table))
                             else:
                                 create_view(connection, table, urls, count, declared(table))
+                            if table == "stats":  # the order written: what merged rows keep
+                                create_view(
+                                    connection, WRITTEN_STATS, urls, count, declared(table), True
+                                )
                         else:
                             connection.execute(f"drop view if exists {quote_identifier(table)}")
+                            if table == "stats":
+                                connection.execute(f"drop view if exists {WRITTEN_STATS}")
+                    derived(connection, [table for table, paths in listing.items() if not paths])
                 finally:
                     connection.close()
                 # The database may have been opened by the cursor: the views are its.

@@ -16,7 +16,7 @@ from layerscope.store._damage import RunFileError
 from layerscope.store._regular_files import open_regular
 
 if TYPE_CHECKING:
-    import pandas
+    pass
 
 #: How many times a table is listed again when a file vanishes as it is read.
 RETRIES = 10
@@ -24,8 +24,8 @@ RETRIES = 10
 UNREADABLE_DATA = "its footer is sound but its data cannot be read"
 
 
-def table_frame(pieces: list[Any], empty: Any) -> pandas.DataFrame:
-    """One DataFrame of ``pieces`` (Arrow tables), with every column of ``empty``'s schema."""
+def plain_table(pieces: list[Any], empty: Any) -> Any:
+    """One Arrow table of ``pieces``, with every column of ``empty``'s, strings plain."""
     pyarrow = require("pyarrow", "dataframe")
     if not pieces:
         data = empty
@@ -44,8 +44,7 @@ def table_frame(pieces: list[Any], empty: Any) -> pandas.DataFrame:
         ],
         metadata=data.schema.metadata,
     )
-    frame: pandas.DataFrame = data.cast(plain).to_pandas()
-    return frame
+    return data.cast(plain)
 
 
 def read_pieces(
@@ -53,6 +52,7 @@ def read_pieces(
     readable: Callable[[], list[str]],
     what: str,
     damaged: Callable[[str, str], object] = lambda path, reason: None,
+    listed: list[str] | None = None,
 ) -> list[Any]:
     """Arrow tables of the files ``readable()`` lists, each with its ``rank``.
 
@@ -64,13 +64,15 @@ def read_pieces(
         readable: lists the table's files to read, now.
         what: the run and table, for the error when they never stop changing.
         damaged: told each file that cannot be read, and why; the file is left out.
+        listed: the files to read first, as listed already; listed again if one vanished.
     """
     pyarrow = require("pyarrow", "dataframe")
     parquet = require("pyarrow.parquet", "dataframe")
     for _ in range(RETRIES):
         pieces = []
         try:
-            for path in readable():
+            paths, listed = (readable() if listed is None else listed), None
+            for path in paths:
                 try:
                     with open_regular(fs, path) as file:
                         piece = parquet.read_table(file)

@@ -108,3 +108,20 @@ def location_filesystem(
         return fs, path
     local = require("fsspec.implementations.local", "dataframe")
     return fsspec.filesystem("file", **options), local.make_path_posix(text).rstrip("/") or "/"
+
+
+def run_path(path: object) -> str:
+    """``path``, a run's path or URL as given, as a string.
+
+    Raises:
+        TypeError: it is not a path or a string.
+        ValueError: it is empty.
+    """
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(
+            f"path: expected the path or URL of a run directory, got {type(path).__name__}"
+        )
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"path: expected the path or URL of a run directory, got {text!r}")
+    return text

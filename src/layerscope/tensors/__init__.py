@@ -17,6 +17,7 @@ from layerscope.tensors._frames import (
 )
 from layerscope.tensors._in_run import RunTensors
 from layerscope.tensors._outlet import TensorOutlet
+from layerscope.tensors._part_folder import PartFolder
 from layerscope.tensors._parts import DIRECTORY, read_parts
 from layerscope.tensors._records import Record
 from layerscope.tensors._recordset import RecordSet, SavedCapture, load_capture
@@ -40,6 +41,7 @@ __all__ = [
     "Event",
     "HeatMap",
     "Histogram",
+    "PartFolder",
     "Record",
     "RecordSet",
     "RunTensors",

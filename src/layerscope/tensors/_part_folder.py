@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from layerscope.store._files import file_names, write_bytes
-from layerscope.store._objects import make_directory
+from layerscope.store.file_access import file_names, make_directory, write_bytes
 from layerscope.tensors._parts import part_name, part_number
 
 

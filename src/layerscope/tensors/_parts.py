@@ -121,7 +121,7 @@ def _entry_kinds(fs: Any, directory: str) -> dict[str, str | None]:
     On a disk the kind is asked of each part as it is read (None here); on an object store
     the listing's detail gives it, so that nothing else is asked of the store.
     """
-    from layerscope.store._objects import is_object_store
+    from layerscope.store.file_access import is_object_store
 
     if not is_object_store(fs):
         return dict.fromkeys(_name(path) for path in fs.ls(directory, detail=False))
@@ -178,7 +178,7 @@ def _part_records(
 
 def _payload(fs: Any, path: str) -> bytes:
     """The bytes of the file at ``path``: on an object store one GET, with no HEAD first."""
-    from layerscope.store._objects import is_object_store
+    from layerscope.store.file_access import is_object_store
 
     if is_object_store(fs):
         payload: bytes = fs.cat_file(path)
