@@ -121,3 +121,20 @@ def test_a_value_is_json_where_it_parses_and_text_elsewhere():
         "key": "AKIA 1",
         "client_kwargs": {"endpoint_url": "http://h:9"},
     }
+
+
+def test_a_store_that_refuses_the_reader_is_one_line_naming_the_run(
+    s3, s3_run, cli, tmp_path, monkeypatch, no_fsspec_configuration
+):
+    url, _ = s3_run
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    endpoint = {"client_kwargs": s3.options["client_kwargs"]}  # no key, no secret
+    status, out, err = cli("summary", url, "--plain", *_items(endpoint))
+    assert status == 2
+    assert out == ""
+    assert err.startswith(f"layerscope summary: {url}: NoCredentialsError: ")
+    assert len(err.strip().splitlines()) == 1

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 # run of a newer layerscope, a run.json that is not JSON); other errors are bugs and keep
 # their traceback.
 _NOT_A_RUN = (OSError, ValueError, TypeError)
+# The libraries behind an object store's filesystem: their errors (no credentials, a denied
+# request) say why a run there cannot be read, and are no bug of layerscope's.
+_STORAGE_LIBRARIES = ("botocore", "aiobotocore", "s3fs", "gcsfs", "adlfs", "azure", "google")
 # The reader's messages start with the argument they blame ("path: no run at ..."); on the
 # command line the path is the argument, so the prefix says nothing.
 _ARGUMENT_PREFIX = re.compile(r"^(path|root): ")
@@ -29,7 +32,9 @@ def open_run(path: str, storage_options: Mapping[str, Any] | None = None) -> Run
 
     try:
         return load(path, storage_options=storage_options)
-    except _NOT_A_RUN as error:
+    except Exception as error:
+        if not isinstance(error, _NOT_A_RUN):
+            raise _storage_error(error, path) from None
         missing = isinstance(error, FileNotFoundError)
         held = _runs_inside(path, storage_options) if missing else ""
         if held:
@@ -68,6 +73,8 @@ def list_run_rows(
         folders = run_folders(root, storage_options)
     except _NOT_A_RUN as error:
         raise CommandError(_one_line(error, root)) from None
+    except Exception as error:
+        raise _storage_error(error, root) from None
     return [row for name, location in folders if (row := run_row(location, name)) is not None]
 
 
@@ -78,3 +85,12 @@ def _one_line(error: BaseException, path: str) -> str:
     lines = _ARGUMENT_PREFIX.sub("", str(error)).splitlines()
     line = lines[0] if lines and lines[0] else type(error).__name__
     return line if path in line else f"{path}: {line}"  # a run.json that is not JSON, say
+
+
+def _storage_error(error: Exception, path: str) -> Exception:
+    """A CommandError of an object store's library's ``error``; any other error as it is."""
+    if type(error).__module__.split(".")[0] not in _STORAGE_LIBRARIES:
+        return error
+    lines = str(error).splitlines()
+    why = f": {lines[0]}" if lines and lines[0] else ""
+    return CommandError(f"{path}: {type(error).__name__}{why}")
