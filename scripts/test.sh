@@ -12,6 +12,10 @@ if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
   } &
   chromium=$!
 fi
+# Bytecode is written as modules are first imported, once: a machine that says not to
+# (PYTHONDONTWRITEBYTECODE) would have each of the tests' hundreds of Python processes compile
+# torch, pandas and the rest from source again, which doubles the suite's time.
+unset PYTHONDONTWRITEBYTECODE
 python3 -m venv .venv
 source scripts/torch.sh
 install_torch  # first: with no torch installed, a plain `torch` requirement pulls the CUDA build
