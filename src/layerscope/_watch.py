@@ -52,6 +52,7 @@ def watch(
     attention: bool = False,
     if_exists: str = "fail",
     *,
+    storage_options: Mapping[str, Any] | None = None,
     capture: Sequence[str | Kind] | None = None,
 ) -> Scope:
     """Record statistics of every layer of ``model`` while it trains.
@@ -160,6 +161,10 @@ def watch(
             that holds none, as a notebook cell run again or a tracker's next run would
             (``scope.run_path`` says which). Never into an existing run. Under
             torch.distributed rank 0 chooses for every rank.
+        storage_options: options of the filesystem of ``run``'s URL, as fsspec takes them:
+            for s3fs ``key``, ``secret``, ``client_kwargs={"endpoint_url": ...}``; never
+            written into the run (``layerscope.load(url, storage_options=...)`` reads it). A
+            ``ParquetStore`` given as ``run`` takes its own.
         capture: the old name of ``kinds``, taken as it with a FutureWarning; it will be
             removed.
 
@@ -229,10 +234,19 @@ def watch(
     if run is not None:
         from layerscope.store import ParquetStore
 
+        if storage_options is not None and isinstance(run, ParquetStore):
+            raise TypeError(
+                "storage_options: a ParquetStore given as run= takes its own: "
+                "ParquetStore(url, storage_options=...)"
+            )
         if if_exists == "new":
-            run = _first_free(run)
-
-        store = run if isinstance(run, ParquetStore) else ParquetStore(run)  # type: ignore[arg-type]  # ParquetStore checks the type
+            run = _first_free(run, storage_options)
+        if isinstance(run, ParquetStore):
+            store = run
+        else:  # ParquetStore checks the type of run and of the options
+            store = ParquetStore(run, storage_options=storage_options)  # type: ignore[arg-type]
+    elif storage_options is not None:
+        raise ValueError("storage_options: options of run='s filesystem, but run is None")
     return Scope(
         model,
         optimizers,
@@ -245,7 +259,7 @@ def watch(
     )
 
 
-def _first_free(run: object) -> str:
+def _first_free(run: object, storage_options: Mapping[str, Any] | None) -> str:
     """``run``, or the first ``run-N`` that holds no run: rank 0's choice under a job."""
     from layerscope.distributed import rank_zero_choice
     from layerscope.store import ParquetStore, first_free_run
@@ -256,7 +270,7 @@ def _first_free(run: object) -> str:
         )
     if not isinstance(run, str | os.PathLike):
         raise TypeError(f"run: expected a path or URL, got {type(run).__name__}")
-    return rank_zero_choice(lambda: first_free_run(run))
+    return rank_zero_choice(lambda: first_free_run(run, storage_options))
 
 
 def check_sinks(sinks: object) -> list[Sink]:

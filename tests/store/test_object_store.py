@@ -207,3 +207,38 @@ def test_storage_options_must_be_a_mapping_of_names():
         ParquetStore("s3://bucket/run", storage_options=["key"])
     with pytest.raises(TypeError, match="storage_options: expected a dict"):
         layerscope.load("s3://bucket/run", storage_options={1: "key"})
+    with pytest.raises(TypeError, match="storage_options: expected a dict"):
+        layerscope.watch(_model(), run="s3://bucket/run", storage_options="key=testing")
+
+
+def test_watch_takes_the_storage_options_and_a_new_run_finds_its_free_name_with_them(
+    s3, bucket, monkeypatch
+):
+    import fsspec
+
+    monkeypatch.setattr(fsspec.config, "conf", {})  # only the options given reach the store
+    url = f"s3://{bucket}/runs/exp"
+    for expected in (url, f"{url}-2"):
+        model = _model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with layerscope.watch(
+            model,
+            optimizer=optimizer,
+            every=1,
+            run=url,
+            storage_options=s3.options,
+            if_exists="new",
+        ) as scope:
+            _steps(model, optimizer, scope, STEPS)
+        assert scope.run_path == expected
+        run = layerscope.load(expected, storage_options=s3.options)
+        assert sorted(set(run.stats["step"])) == list(range(STEPS))
+    assert "runs/exp-2/run.json" in s3.keys(bucket)
+
+
+def test_storage_options_belong_to_a_path_not_to_a_store_or_no_run():
+    store = ParquetStore("s3://bucket/run", storage_options={"anon": True})
+    with pytest.raises(TypeError, match="storage_options: a ParquetStore given as run= takes"):
+        layerscope.watch(_model(), run=store, storage_options={"anon": True})
+    with pytest.raises(ValueError, match=r"storage_options: .* but run is None"):
+        layerscope.watch(_model(), storage_options={"anon": True})

@@ -7,6 +7,8 @@ own, as Hugging Face's and W&B's runs do, and never writes into an existing one.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from layerscope.store._listing import holds_run
 from layerscope.store.locations import location_filesystem
@@ -16,8 +18,12 @@ from layerscope.store.locations import location_filesystem
 MAX_NUMBER = 10_000
 
 
-def first_free_run(path: str | os.PathLike[str]) -> str:
+def first_free_run(
+    path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+) -> str:
     """``path`` if it holds no run (nor what is left of one), else the first free ``path-N``.
+
+    ``storage_options``: those of ``path``'s filesystem, where it is a URL.
 
     Raises:
         FileExistsError: ``path`` and its ``MAX_NUMBER`` numbered paths all hold runs.
@@ -25,7 +31,7 @@ def first_free_run(path: str | os.PathLike[str]) -> str:
     base = os.fspath(path).rstrip("/") or os.fspath(path)
     candidate = base
     for number in range(2, MAX_NUMBER + 2):
-        fs, root = location_filesystem(candidate)
+        fs, root = location_filesystem(candidate, storage_options=storage_options)
         if not holds_run(fs, root.rstrip("/") or root):
             return candidate
         candidate = f"{base}-{number}"
