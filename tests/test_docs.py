@@ -27,6 +27,7 @@ API_PAGES = {
         "layerscope.Run.stats",
         "layerscope.runs",
         "layerscope.precision",
+        "layerscope.store.FrameTooLargeError",
         "layerscope.store.ParquetStore",
     ],
     "reference/schedule": ["layerscope.Schedule"],

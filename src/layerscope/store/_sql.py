@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
+import os
+import tempfile
 import threading
 import weakref
 from collections.abc import Callable
@@ -40,7 +43,7 @@ class Database:
         """A new cursor of the database, which is opened now if it is not yet."""
         if self._connection is None:
             duckdb = require("duckdb", "dataframe")
-            self._connection = duckdb.connect()
+            self._connection = duckdb.connect(config=_bounds())
             self.opened += 1
             if self._fs.protocol not in ("file", ("file", "local")):
                 self._connection.register_filesystem(self._fs)
@@ -70,6 +73,25 @@ class Database:
             with contextlib.suppress(Exception):  # closing at exit: nothing left to tell
                 connection.close()
 
+
+def _bounds() -> dict[str, str]:
+    """What a run's database may hold in memory, and where it spills the rest.
+
+    A query over tens of millions of rows (ranks merged, a sort) stays within ``MEMORY_LIMIT``
+    and writes what does not fit to a folder of its own in the temporary directory, made
+    when first needed and removed when the database closes. ``run.sql("set memory_limit =
+    '8GB'")`` gives a run's database more.
+    """
+    folder = f"layerscope-duckdb-{os.getpid()}-{next(_NUMBERS)}"
+    return {
+        "memory_limit": MEMORY_LIMIT,
+        "temp_directory": os.path.join(tempfile.gettempdir(), folder),
+    }
+
+
+#: DuckDB's bound on a run database's memory (its own default: 80% of the machine's).
+MEMORY_LIMIT = "1GB"
+_NUMBERS = itertools.count(1)  # of the databases opened here: each spills into its own folder
 
 # The databases that are open, each closed at exit (see the module's docstring).
 _OPEN: weakref.WeakSet[Database] = weakref.WeakSet()
