@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,25 @@ def test_a_run_of_one_rank_has_no_spread(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "spread across" not in out
     assert "layers (phase train, rank 0, step 0)" in out
+
+
+def test_the_scalars_shown_are_those_of_the_rank_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    run = tmp_path / "job"
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        model = nn.Linear(3, 1)
+        with layerscope.watch(model, run=str(run), every=1) as scope:
+            for step in range(2 + rank):
+                model(torch.randn(2, 3)).sum().backward()
+                scope.step(loss=100.0 * rank + step)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    shown = {}
+    for rank in (0, 1):
+        assert main(["summary", str(run), "--plain", "--rank", str(rank)]) == 0
+        shown[rank] = capsys.readouterr().out
+    assert re.search(r"loss +1 at step 1 \(0 at step 0\)", shown[0])
+    assert re.search(r"loss +102 at step 2 \(100 at step 0\)", shown[1])

@@ -59,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
     opened = open_run(args.run, storage_options(args))
     args.rank = _queries.checked_rank(opened, args.rank)
     output = open_output(args.plain)
-    output.fields("run", run_fields(opened) + reach_fields(opened))
+    output.fields("run", run_fields(opened) + reach_fields(opened, args.rank))
     output.fields("cost", cost_fields(opened.meta))
-    scalars = scalar_fields(opened)
+    scalars = scalar_fields(opened, args.rank)
     if scalars:
         output.fields("logged scalars: latest (first)", scalars)
     show_layers(output, opened, args)
@@ -122,8 +122,10 @@ def recorded_kinds(config: dict[str, Any]) -> list[str]:
     return list(config.get("kinds", config.get("capture", ())))
 
 
-def reach_fields(run: Run) -> list[tuple[str, str]]:
+def reach_fields(run: Run, rank: int | None = None) -> list[tuple[str, str]]:
     """The last step each table holds, where a run that did not finish may have left them apart.
+
+    Of ``rank``'s rows (None: the lowest rank's).
 
     A writer killed between two files of one flush leaves, say, statistics to step 309 and
     scalars to step 298: the reader shows what each holds rather than guess.
@@ -132,7 +134,7 @@ def reach_fields(run: Run) -> list[tuple[str, str]]:
         return []
     import pandas
 
-    rank = _queries.lowest_rank(run)
+    rank = _queries.lowest_rank(run) if rank is None else rank
     reached = []
     for table in ("stats", "scalars", "alerts"):
         query = f"select max(step) as last from {quote_identifier(table)} where rank = $rank"
@@ -192,13 +194,13 @@ def _job_cost_fields(ranks: list[dict[str, Any]]) -> list[tuple[str, str]]:
     ]
 
 
-def scalar_fields(run: Run) -> list[tuple[str, str]]:
-    """Each scalar's latest value and step, and its first value, for the lowest rank."""
+def scalar_fields(run: Run, rank: int | None = None) -> list[tuple[str, str]]:
+    """Each scalar's latest value and step, and its first value, of ``rank`` (None: lowest)."""
     frame = run.sql(
         "select name, min(step) as first_step, max(step) as last_step, "
         "arg_min(value, step) as earliest, arg_max(value, step) as latest from scalars "
         "where rank = $rank group by name order by name limit $limit",
-        {"rank": _queries.lowest_rank(run), "limit": _SCALARS_SHOWN},
+        {"rank": _queries.lowest_rank(run) if rank is None else rank, "limit": _SCALARS_SHOWN},
     )
     return [
         (
