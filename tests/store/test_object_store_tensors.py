@@ -102,6 +102,11 @@ def test_whole_tensors_on_s3_read_back_bit_equal_and_as_the_same_run_on_disk(s3,
     for key in _parts(1, 2, 3):
         assert _object(s3, bucket, key) == (tmp_path / key).read_bytes(), key
     assert s3.pending_uploads(bucket) == []
+    # The folder read alone, as a rank's: load_capture takes the same options.
+    alone = layerscope.load_capture(f"{url}/tensors", storage_options=s3.options)
+    _assert_kept(alone.records, outputs, range(STEPS))
+    with pytest.raises(FileNotFoundError, match=r"dir: no run's whole tensors at s3://"):
+        layerscope.load_capture(f"{url}/stats", storage_options=s3.options)
 
 
 @pytest.mark.parametrize("where", ["s3", "disk"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -134,13 +134,20 @@ class SavedCapture(RecordSet):
         return f"SavedCapture(records={len(self._records)})"
 
 
-def load_capture(dir: str | os.PathLike[str], device: str | torch.device = "cpu") -> SavedCapture:
+def load_capture(
+    dir: str | os.PathLike[str],
+    device: str | torch.device = "cpu",
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+) -> SavedCapture:
     """Read a capture that ``Capture.save(dir)`` wrote, or a run's ``tensors`` directory.
 
     Args:
         dir: the directory: one ``save()`` wrote, or ``<run>/tensors`` (``<run>/rank-00001/
-            tensors`` for rank 1) where ``watch(tensors=...)`` kept whole tensors.
+            tensors`` for rank 1) where ``watch(tensors=...)`` kept whole tensors, also at
+            an fsspec URL (``s3://bucket/run/rank-00001/tensors``).
         device: where the values go.
+        storage_options: options of the URL's filesystem, as ``layerscope.load`` takes them.
 
     Returns:
         A ``SavedCapture`` with the same records, in the same order, values bit for bit;
@@ -159,11 +166,13 @@ def load_capture(dir: str | os.PathLike[str], device: str | torch.device = "cpu"
         >>> torch.equal(loaded.records[0].value, cap.records[0].value)
         True
     """
-    if not (Path(dir) / INDEX).exists():  # a run's tensors, maybe at an fsspec URL
+    if storage_options is not None or not (Path(dir) / INDEX).exists():  # a run's, maybe a URL
         from layerscope.store.locations import location_filesystem
 
-        fs, root = location_filesystem(dir)
+        fs, root = location_filesystem(dir, storage_options=storage_options)
         if is_parts_directory(fs, root.rstrip("/")):
             return SavedCapture(read_parts(fs, root.rstrip("/"), str(device)), {})
+        if storage_options is not None:  # what save() writes is read from a local folder
+            raise FileNotFoundError(f"dir: no run's whole tensors at {os.fspath(dir)}")
     records, info = read_records(dir, device)
     return SavedCapture(records, info)
