@@ -66,3 +66,26 @@ def test_close_waits_for_a_hung_sink_only_as_long_as_asked():
         scope.close(timeout=0.2)
     assert not model._forward_hooks  # the hooks are off all the same
     release.set()
+
+
+def test_a_watch_that_fails_making_its_hooks_stops_its_writer_and_leaves_no_run(
+    tmp_path, monkeypatch
+):
+    from layerscope.scope import _lifecycle, _scope
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("a hook could not be made")
+
+    before = set(threading.enumerate())
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    with monkeypatch.context() as patch:
+        patch.setattr(_scope, "NoiseScale", fails)
+        with pytest.raises(RuntimeError, match="a hook could not be made"):
+            layerscope.watch(model, run=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []
+    assert not _lifecycle._open  # nothing left to close at exit
+    with layerscope.watch(model, run=tmp_path / "run") as scope:  # the modules are free
+        model(torch.ones(1, 3)).sum().backward()
+        scope.step()
+    assert len(layerscope.load(tmp_path / "run").stats) > 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import sys
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 #: How long the close at exit waits for each scope's writer to finish.
@@ -48,3 +49,11 @@ def close_open_scopes() -> None:
     status = "failed" if getattr(sys, "last_value", None) is not None else "finished"
     for scope in list(_open):
         scope.close(status, timeout=EXIT_SECONDS)
+
+
+def abandon(pipeline: Any, claims: Any, summary: Callable[..., Any], store: Any) -> None:
+    """A scope that failed before its hooks were on: its writer stops and its run is removed."""
+    claims.release()
+    pipeline.close(summary, None)
+    if store is not None:
+        store.discard()

@@ -132,46 +132,52 @@ class Scope(RecordedReads):
             health=health,
             rank_merge=rank_merge_for(config, self._identities, self._modules),
         )
+        try:  # the hooks made, not yet on the model: a failure stops the writer, drops the run
+            self._recorder = Recorder(
+                config.histogram,
+                config.stats.custom,
+                self._identities,
+                self._pipeline,
+                self._fail,
+                custom_by_kind=config.stats.by_kind,
+            )
+            self._recorder.open_steps = self._clock.open_steps
+            self._layers = LayerHooks(
+                self._root, self._targets, config.kinds, self._clock, self._recorder,
+                self._pipeline, self._meter, self._fail, on_training_pass=self._on_training_pass,
+                compiled=is_compiled(model, self._root),
+                note_output=None if health is None else health.note_output,
+            )  # fmt: skip
+            self._parameters = ParameterReads(
+                self._root,
+                targets,
+                self._optimizers,
+                config.kinds,
+                self._clock,
+                self._recorder,
+                self._meter,
+                self._fail,
+                end_step=self._finish_step,
+                note_stalled=None if health is None else health.note_stalled,
+                note_rates=None if health is None else health.note_rates,
+            )
+            self._noise = NoiseScale(self._root, targets, config.noise_scale, self._clock,
+                                     self._recorder, self._meter, self._fail)  # fmt: skip
+            self._attention = AttentionWatch(self._root, config.attention, self._clock,
+                                             self._recorder, self._meter, self._fail)  # fmt: skip
+            if config.attention:  # a watch without it does nothing of it as passes begin
+                self._layers.follow(self._attention.sync)
+            hooked = self._targets if Kind.INPUT_GRAD in config.kinds else []
+            self._input_grads = InputGradients(hooked, self._clock, self._recorder, self._meter,
+                                               self._fail, self._layers.training_call)  # fmt: skip
+            self._layers.follow(self._input_grads.sync)
+        except BaseException:
+            self._closed = True
+            summary = partial(run_summary, "failed", 0, self._failures, self._meter, self._root)
+            lifecycle.abandon(self._pipeline, self._claims, summary, store)
+            raise
         # A scope left open at exit is closed then, so the writer writes what it holds.
         lifecycle.track(self)
-        self._recorder = Recorder(
-            config.histogram,
-            config.stats.custom,
-            self._identities,
-            self._pipeline,
-            self._fail,
-            custom_by_kind=config.stats.by_kind,
-        )
-        self._recorder.open_steps = self._clock.open_steps
-        self._layers = LayerHooks(
-            self._root, self._targets, config.kinds, self._clock, self._recorder,
-            self._pipeline, self._meter, self._fail, on_training_pass=self._on_training_pass,
-            compiled=is_compiled(model, self._root),
-            note_output=None if health is None else health.note_output,
-        )  # fmt: skip
-        self._parameters = ParameterReads(
-            self._root,
-            targets,
-            self._optimizers,
-            config.kinds,
-            self._clock,
-            self._recorder,
-            self._meter,
-            self._fail,
-            end_step=self._finish_step,
-            note_stalled=None if health is None else health.note_stalled,
-            note_rates=None if health is None else health.note_rates,
-        )
-        self._noise = NoiseScale(self._root, targets, config.noise_scale, self._clock,
-                                 self._recorder, self._meter, self._fail)  # fmt: skip
-        self._attention = AttentionWatch(self._root, config.attention, self._clock,
-                                         self._recorder, self._meter, self._fail)  # fmt: skip
-        if config.attention:  # a watch without it does nothing of it as passes begin
-            self._layers.follow(self._attention.sync)
-        hooked = self._targets if Kind.INPUT_GRAD in config.kinds else []
-        self._input_grads = InputGradients(hooked, self._clock, self._recorder, self._meter,
-                                           self._fail, self._layers.training_call)  # fmt: skip
-        self._layers.follow(self._input_grads.sync)
         self._whole: WholeTensors | None = None
         try:
             self._layers.register()
