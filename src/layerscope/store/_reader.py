@@ -280,8 +280,9 @@ class Run:
     def sql(self, query: str, params: Parameters = None) -> pandas.DataFrame:
         """Run a DuckDB query over the tables stats, scalars, alerts, attention and calls.
 
-        Each table holds the rows of every rank. Histograms are stored trimmed: ``hist``
-        holds the counts from slot ``hist_lo`` on.
+        Each table holds the rows of every rank; the view ``merged_stats`` has them merged
+        (see ``load``'s ``ranks``). Histograms are stored trimmed: ``hist`` holds the counts
+        from slot ``hist_lo`` on. The run's database holds 1 GB in memory and spills the rest.
 
         Args:
             query: the SQL.
