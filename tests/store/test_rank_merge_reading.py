@@ -225,3 +225,14 @@ def test_a_custom_statistic_of_several_values_merges_value_by_value(tmp_path):
     (row,) = layerscope.load(tmp_path / "run", ranks="merge").stats.to_dict("records")
     values = torch.cat(batches).double().numpy()
     np.testing.assert_allclose(row["moments"], [values.mean(), (values**2).mean()], rtol=1e-12)
+
+
+def test_a_custom_statistic_named_as_the_merge_names_its_own_columns_merges_as_any(tmp_path):
+    generator = torch.Generator().manual_seed(6)
+    batches = [torch.randn(6 + 2 * rank, generator=generator) for rank in range(2)]
+    stats = ["mean", "std", {"_finite": lambda t: t.double().abs().mean()}]
+    _write_ranks(tmp_path / "run", batches, stats=stats)
+    (row,) = layerscope.load(tmp_path / "run", ranks="merge").stats.to_dict("records")
+    values = torch.cat(batches).double().numpy()
+    assert row["_finite"] == pytest.approx(np.abs(values).mean(), rel=1e-12)
+    assert row["std"] == pytest.approx(values.std(ddof=1), rel=1e-12)

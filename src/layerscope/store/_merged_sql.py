@@ -46,7 +46,18 @@ _FRACTIONS = ("zero_frac", "neg_frac", "pos_frac")
 _COUNTS = ("nan_count", "inf_count", *PRECISION_COUNTS)
 _EXTREMES = {"min": "min", "max": "max", "absmax": "max"}
 _SCALES = {fmt.scale_exp: fmt for fmt in FORMATS}
-_MERGED_MEAN = "(sum(_finite * coalesce(nullif(mean, 'nan'::double), 0)) / nullif(sum(_finite), 0))"
+# The columns the merge adds to a row on its way, named as no column of a run can be (a
+# custom statistic's name is an identifier): a custom "_finite" is merged as any other.
+_FINITE, _HASH, _SHIFT, _SHARDED, _WRITTEN_AT = (
+    '"layerscope.finite"',
+    '"layerscope.hash"',
+    '"layerscope.shift"',
+    '"layerscope.sharded"',
+    '"layerscope.written"',
+)
+_MERGED_MEAN = (
+    f"(sum({_FINITE} * coalesce(nullif(mean, 'nan'::double), 0)) / nullif(sum({_FINITE}), 0))"
+)
 # Statistics a group of one row keeps as stored: merging one part would only round them.
 _ONE_PART_KEPT = frozenset(("mean", "std", "l2", *_FRACTIONS))
 _STATE = ", ".join(f"'{kind.value}'" for kind in sorted(STATE_KINDS))
@@ -101,24 +112,24 @@ def merged_view_sql(
     finals = ",\n  ".join(_final(name, types, name in custom) for name in names)
     return f"""
 with kept as (
-  select *, {_finite_count(types)} as _finite, hash({", ".join(group_keys)}) as _hash
+  select *, {_finite_count(types)} as {_FINITE}, hash({", ".join(group_keys)}) as {_HASH}
   from {WRITTEN_STATS if ordered else "stats"}
   where not (kind in ({_STATE}) and shard is null)
      or rank = (select min(rank) from stats)
 ), centred as (
-  select *, {_shift(types)} as _shift
+  select *, {_shift(types)} as {_SHIFT}
   from kept
-  window part as (partition by _hash)
+  window part as (partition by {_HASH})
 ), grouped as (
   select
     {aggregates},
-    bool_or(shard is not null) as _sharded{_WRITTEN if ordered else ""}
+    bool_or(shard is not null) as {_SHARDED}{_WRITTEN if ordered else ""}
   from centred
   group by {", ".join(group_keys)}
 )
 select
   {finals}
-from grouped{" order by step, _written" if ordered else ""}
+from grouped{f" order by step, {_WRITTEN_AT}" if ordered else ""}
 """
 
 
@@ -146,8 +157,8 @@ def _shift(types: dict[str, str]) -> str:
     """The mean of the finite elements of the rows whose keys hash alike (the window ``part``)."""
     if "mean" not in types:
         return "null::double"
-    weighted = f"sum(_finite * coalesce({_finite('mean')}, 0)) over part"
-    return f"{weighted} / nullif(sum(_finite) over part, 0)"
+    weighted = f"sum({_FINITE} * coalesce({_finite('mean')}, 0)) over part"
+    return f"{weighted} / nullif(sum({_FINITE}) over part, 0)"
 
 
 def _merged(name: str, kind: str, custom: bool) -> str:
@@ -165,11 +176,12 @@ def _merged(name: str, kind: str, custom: bool) -> str:
         return _MERGED_MEAN
     if name == "std":
         # Chan et al.: the parts' M2 and their distances from a shift the group shares.
-        parts = f"coalesce({_finite('std')}, 0) ^ 2 * greatest(_finite - 1, 0)"
-        parts += f" + _finite * (coalesce({_finite('mean')}, 0) - coalesce(_shift, 0)) ^ 2"
-        shift = "coalesce(any_value(_shift), 0)"
-        m2 = f"sum({parts}) - sum(_finite) * ({_MERGED_MEAN} - {shift}) ^ 2"
-        return f"case when sum(_finite) > 1 then sqrt(greatest({m2}, 0) / (sum(_finite) - 1)) end"
+        parts = f"coalesce({_finite('std')}, 0) ^ 2 * greatest({_FINITE} - 1, 0)"
+        parts += f" + {_FINITE} * (coalesce({_finite('mean')}, 0) - coalesce({_SHIFT}, 0)) ^ 2"
+        shift = f"coalesce(any_value({_SHIFT}), 0)"
+        m2 = f"sum({parts}) - sum({_FINITE}) * ({_MERGED_MEAN} - {shift}) ^ 2"
+        total = f"sum({_FINITE})"
+        return f"case when {total} > 1 then sqrt(greatest({m2}, 0) / ({total} - 1)) end"
     if name in _EXTREMES:
         return f"{_EXTREMES[name]}({_finite(name)})"
     if name == "l2":
@@ -191,7 +203,7 @@ def _merged(name: str, kind: str, custom: bool) -> str:
 
 
 # Where the lowest rank wrote the row: its rank, then its place in the file of its step.
-_WRITTEN = ",\n    min((rank::bigint << 32) + file_row_number) as _written"
+_WRITTEN = f",\n    min((rank::bigint << 32) + file_row_number) as {_WRITTEN_AT}"
 # Each rank's trimmed histogram, with where it starts; added slot by slot below.
 _HISTOGRAM_PARTS = (
     "list(struct_pack(lo := hist_lo, counts := hist)) filter (where hist is not null)"
@@ -207,7 +219,7 @@ def _final(name: str, types: dict[str, str], custom: bool) -> str:
     if name == "shape":
         whole = f"(select any_value(s.shape) from {SHAPES_TABLE} s "
         whole += "where s.module = grouped.module and s.tensor = grouped.tensor)"
-        return f"case when _sharded then coalesce({whole}, shape) else shape end as shape"
+        return f"case when {_SHARDED} then coalesce({whole}, shape) else shape end as shape"
     if name in _SCALES and "absmax" in types:
         return f"{_scale_exponent('absmax', _SCALES[name].max)}::{kind} as {q}"
     if name == "hist" and "hist_lo" in types:
