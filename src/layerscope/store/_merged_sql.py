@@ -38,7 +38,7 @@ from layerscope.store._sql import WRITTEN_STATS
 
 #: The view of merged rows, beside ``stats``.
 MERGED_VIEW = "merged_stats"
-#: The whole shape of each sharded parameter (module, tensor, shape), registered per query.
+#: The whole shape of each parameter (module, tensor, shape): a table made with the views.
 SHAPES_TABLE = "merged_parameter_shapes"
 
 _KEYS = ("step", "phase", "module", "module_type", "kind", "tensor", "call")
