@@ -42,8 +42,10 @@ KINDS = 4
 SECTION = "Readers at scale (CPU)"
 TARGET_SECONDS, TARGET_MB = 10.0, 2048.0
 SQL = "select module, kind, max(l2) as l2 from stats group by 1, 2"
-# The ranks merged in DuckDB: std makes it merge means and spreads (Chan's formula).
+# The ranks merged in DuckDB: std makes it merge means and spreads (Chan's formula); all of
+# the run, and one module's series (its filter reaches the files before the merge).
 MERGED_SQL = "select module, kind, max(std) as std from merged_stats group by 1, 2"
+SERIES_SQL = "select step, std from merged_stats where module = 'layers.0' and kind = 'activation'"
 CHART = "kind=activation&phase=train&rank=0&tensor=out"
 # What a reader stopped by its memory limit says, whichever library failed to allocate
 # (glibc, for a thread's stack or thread-local data, among them); compared in lower case.
@@ -114,6 +116,11 @@ READERS = {
         _python("merged-sql"),
         lambda shape: shape.modules * KINDS,
     ),
+    "merged-series": Reader(
+        f'`load(run).sql("{SERIES_SQL}")`',
+        _python("merged-series"),
+        lambda shape: shape.steps,
+    ),
     "summary": Reader(
         "`layerscope summary RUN --plain`", _cli("summary", "a", "--plain"), prints_json=False
     ),
@@ -159,8 +166,9 @@ def _child(reader: str, folder: str) -> None:
         print(json.dumps({}))
     elif reader == "sql":
         print(json.dumps({"rows": len(layerscope.load(run).sql(SQL))}))
-    elif reader == "merged-sql":
-        print(json.dumps({"rows": len(layerscope.load(run).sql(MERGED_SQL))}))
+    elif reader in ("merged-sql", "merged-series"):
+        query = MERGED_SQL if reader == "merged-sql" else SERIES_SQL
+        print(json.dumps({"rows": len(layerscope.load(run).sql(query))}))
     elif reader in ("stats", "merged"):
         loaded = layerscope.load(run, ranks="merge" if reader == "merged" else "each")
         try:
