@@ -57,18 +57,18 @@ class RunSql:
 
     def query(self, query: str, params: Any = None) -> pandas.DataFrame:
         """``query``, its placeholders bound to ``params``, over the files listed now."""
-        frame: pandas.DataFrame = self._retried(lambda: self._query(query, params, _frame))
+        frame: pandas.DataFrame = self._retried(
+            lambda: self._query(lambda cursor: cursor.execute(query, params).df())
+        )
         return frame
 
     def merged(self, limit: int | None) -> Any:
         """The rows of ``merged_stats`` in the order written, at most ``limit``, as Arrow."""
         tail = "" if limit is None else f" limit {int(limit)}"
-
-        def fetch(connection: Any, query: str, params: Any) -> Any:
-            # Made with the views, from the columns the files have now.
-            return _arrow_table(connection, self._merged_ordered + tail, None)
-
-        return self._retried(lambda: self._query("", None, fetch))
+        # The query is made with the views, from the columns the files have now.
+        return self._retried(
+            lambda: self._query(lambda cursor: _arrow_table(cursor, self._merged_ordered + tail))
+        )
 
     def _retried(self, attempt: Callable[[], Any]) -> Any:
         """``attempt()``, made again over a new listing when a file went or was damaged."""
@@ -83,8 +83,8 @@ class RunSql:
                     raise
         return attempt()
 
-    def _query(self, query: str, params: Any, result: Callable[[Any, str, Any], Any]) -> Any:
-        """``query`` over a view per table of the files the directory lists now."""
+    def _query(self, result: Callable[[Any], Any]) -> Any:
+        """``result(cursor)``, over a view per table of the files the directory lists now."""
         self._listed = self._listing()
         empty = self._views.refresh(self._listed, self._rankless, self._empty, self._derive)
         connection = self._views.database.cursor()
@@ -93,7 +93,7 @@ class RunSql:
                 connection.register(table, self._empty(table))
                 if table == "stats":
                     connection.register(MERGED_VIEW, self._empty(table))
-            return result(connection, query, params)
+            return result(connection)
         finally:
             connection.close()
 
@@ -132,13 +132,8 @@ class RunSql:
         self._merged_ordered = merged_view_sql(columns, custom, ordered=True)
 
 
-def _frame(connection: Any, query: str, params: Any) -> pandas.DataFrame:
-    frame: pandas.DataFrame = connection.execute(query, params).df()
-    return frame
-
-
-def _arrow_table(connection: Any, query: str, params: Any) -> Any:
-    """The rows as Arrow, without the copy a DB-API result's conversion makes."""
-    relation = connection.sql(query)
+def _arrow_table(cursor: Any, query: str) -> Any:
+    """The rows of ``query`` as Arrow, without the copy a DB-API result's conversion makes."""
+    relation = cursor.sql(query)
     convert = getattr(relation, "to_arrow_table", None) or relation.fetch_arrow_table
     return convert()

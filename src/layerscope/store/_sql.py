@@ -206,7 +206,7 @@ class Views:
         listing: dict[str, list[str]],
         rankless: set[str],
         declared: Callable[[str], Any],
-        derived: Callable[[Any, list[str]], None] = lambda connection, empty: None,
+        derived: Callable[[Any, list[str]], None],
     ) -> list[str]:
         """Make the views over ``listing`` (table -> paths) unless they are that already.
 

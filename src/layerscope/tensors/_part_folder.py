@@ -40,8 +40,8 @@ class PartFolder:
         Raises:
             OSError: the folder cannot be listed, or the part cannot be written.
         """
-        make_directory(self.fs, self.directory)
-        if self._before is None:
+        if self._before is None:  # the first part: the folder made, what it holds found
+            make_directory(self.fs, self.directory)
             numbers = map(part_number, file_names(self.fs, self.directory))
             self._before = max((number for number in numbers if number is not None), default=0)
         path = f"{self.directory}/{part_name(self._before + batch)}"
